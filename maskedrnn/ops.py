@@ -1,0 +1,215 @@
+"""Length-aware sequence operations written with `keras.ops` only.
+
+Every function here runs on the TensorFlow, JAX and PyTorch backends, has no
+data-dependent output shape (except `sequence_mask` with `maxlen=None`), and is
+differentiable in its floating-point inputs.
+
+Conventions: the batch axis is 0 and the time axis is 1 unless an argument says
+otherwise. `lengths` is a rank-1 integer tensor with one entry per batch row.
+"""
+
+from keras import ops
+
+__all__ = [
+    "reverse_sequence",
+    "sequence_mask",
+    "lengths_from_mask",
+    "lengths_from_padding",
+    "valid_first_order",
+]
+
+
+def _time_index(x, axis):
+    """`(1, T)` int32 positions along `axis` of `x` (shape-agnostic)."""
+    t = ops.shape(x)[axis]
+    return ops.expand_dims(ops.arange(t, dtype="int32"), 0)
+
+
+def _gather_time(x, index):
+    """Gathers `x[b, index[b, t], ...]` for a `(batch, time)` index on axis 1.
+
+    The index gets trailing unit axes and `take_along_axis` broadcasts them
+    over the feature axes (checked on TensorFlow, JAX and PyTorch).
+    """
+    index = ops.cast(index, "int32")
+    for _ in range(len(x.shape) - 2):
+        index = ops.expand_dims(index, -1)
+    return ops.take_along_axis(x, index, axis=1)
+
+
+def reverse_sequence(x, lengths, axis=1):
+    """Reverses the first `lengths[i]` steps of each row; the rest stay put.
+
+    Same semantics as `tf.reverse_sequence(x, lengths, seq_axis=axis,
+    batch_axis=0)`, written with `keras.ops` so it runs on every backend. It is
+    its own inverse, and is differentiable in `x`. Lengths above the size of
+    the time axis are clipped to it and negative lengths count as 0 (no
+    check here, so that it can run inside compiled graphs; layers check their
+    `lengths` argument before calling it).
+
+    Example:
+
+    >>> x = [[1, 2, 3, 0, 0],
+    ...      [1, 2, 0, 0, 0]]
+    >>> reverse_sequence(x, lengths=[3, 2])
+    [[3, 2, 1, 0, 0],
+     [2, 1, 0, 0, 0]]
+
+    Args:
+        x: Tensor of shape `(batch, ..., time, ...)`, rank >= 2; batch is
+            axis 0.
+        lengths: Integer tensor of shape `(batch,)`: how many leading steps of
+            each row to reverse.
+        axis: Int, the time axis (not 0). Defaults to `1`.
+
+    Returns:
+        A tensor of the shape and dtype of `x`.
+    """
+    x = ops.convert_to_tensor(x)
+    rank = len(x.shape)
+    if rank < 2:
+        raise ValueError(
+            f"reverse_sequence needs x of rank >= 2 (batch, time, ...); "
+            f"got rank {rank}."
+        )
+    if axis < 0:
+        axis += rank
+    if axis == 0 or not 0 < axis < rank:
+        raise ValueError(
+            f"axis={axis} is not a time axis of x (rank {rank}); the batch "
+            "axis is 0, so pass axis between 1 and rank - 1."
+        )
+    if axis != 1:
+        x = ops.moveaxis(x, axis, 1)
+    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
+    t = _time_index(x, 1)
+    n = ops.expand_dims(lengths, 1)
+    index = ops.where(t < n, n - 1 - t, t)
+    y = _gather_time(x, index)
+    if axis != 1:
+        y = ops.moveaxis(y, 1, axis)
+    return y
+
+
+def sequence_mask(lengths, maxlen=None, dtype="bool"):
+    """Boolean mask of the first `lengths[i]` steps of each row.
+
+    Same semantics as `tf.sequence_mask`.
+
+    Example:
+
+    >>> sequence_mask([3, 1], maxlen=4)
+    [[True, True, True, False],
+     [True, False, False, False]]
+
+    Args:
+        lengths: Integer tensor of shape `(batch,)`.
+        maxlen: Int or scalar tensor, the size of the time axis. Defaults to
+            `None`, meaning `max(lengths)`: a data-dependent shape, so pass it
+            explicitly inside `jax.jit` or XLA.
+        dtype: Output dtype. Defaults to `"bool"`.
+
+    Returns:
+        A `(batch, maxlen)` tensor of `dtype`.
+    """
+    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
+    if maxlen is None:
+        maxlen = ops.max(lengths)
+    t = ops.expand_dims(ops.arange(maxlen, dtype="int32"), 0)
+    mask = t < ops.expand_dims(lengths, 1)
+    return mask if dtype == "bool" else ops.cast(mask, dtype)
+
+
+def lengths_from_mask(mask):
+    """Number of valid (True / non-zero) steps in each row of a `(batch, time)` mask.
+
+    For a right-padded mask this is the usual length. For a left-padded mask
+    or one with holes it is the count of valid steps, which is the length
+    of the row once its valid steps are moved to the front (see
+    `valid_first_order`).
+
+    Example:
+
+    >>> lengths_from_mask([[1, 1, 1, 0], [0, 0, 1, 1]])
+    [3, 2]
+
+    Args:
+        mask: Boolean or numeric tensor of shape `(batch, time)`.
+
+    Returns:
+        An int32 tensor of shape `(batch,)`.
+    """
+    mask = ops.convert_to_tensor(mask)
+    if mask.dtype != "bool":
+        mask = ops.not_equal(mask, 0)
+    return ops.sum(ops.cast(mask, "int32"), axis=1)
+
+
+def lengths_from_padding(ids, pad_value=0):
+    """Length of each right-padded row: the index of its first pad step.
+
+    A step is padding when it equals `pad_value` (for rank-3 inputs: when all
+    its features do). A row with no padding has length `time`. Steps after
+    the first pad are ignored, so a pad value inside a sequence ends it.
+
+    Example:
+
+    >>> lengths_from_padding([[5, 7, 2, 0, 0], [4, 0, 0, 0, 0]])
+    [3, 1]
+
+    Args:
+        ids: Tensor of shape `(batch, time)` (token ids) or
+            `(batch, time, features)`.
+        pad_value: Scalar, the padding value. Defaults to `0`.
+
+    Returns:
+        An int32 tensor of shape `(batch,)`.
+    """
+    ids = ops.convert_to_tensor(ids)
+    is_pad = ops.equal(ids, ops.cast(pad_value, ids.dtype))
+    if len(ids.shape) == 3:
+        is_pad = ops.all(is_pad, axis=-1)
+    elif len(ids.shape) != 2:
+        raise ValueError(
+            "lengths_from_padding needs ids of shape (batch, time) or "
+            f"(batch, time, features); got rank {len(ids.shape)}."
+        )
+    time = ops.shape(ids)[1]
+    first = ops.cast(ops.argmax(ops.cast(is_pad, "int32"), axis=1), "int32")
+    return ops.where(ops.any(is_pad, axis=1), first, ops.cast(time, "int32"))
+
+
+def valid_first_order(mask):
+    """Per-row time permutation that moves valid steps to the front, in order.
+
+    `gather(x, order)` (along time) turns a left-padded row or a row with holes
+    into a right-padded one, keeping the valid steps in their original order;
+    `gather(y, inverse)` puts per-step results back where they came from.
+
+    Example:
+
+    >>> order, inverse, lengths = valid_first_order([[0, 0, 1, 1, 1]])
+    >>> order
+    [[2, 3, 4, 0, 1]]
+
+    Args:
+        mask: Boolean or numeric tensor of shape `(batch, time)`.
+
+    Returns:
+        A tuple `(order, inverse, lengths)`: two int32 `(batch, time)`
+        permutations, inverse of each other, and the int32 `(batch,)` count of
+        valid steps per row.
+    """
+    mask = ops.convert_to_tensor(mask)
+    if mask.dtype != "bool":
+        mask = ops.not_equal(mask, 0)
+    m = ops.cast(mask, "int32")
+    # Destination of each step: valid steps take slots 0..n-1 in order,
+    # padded steps take slots n..T-1 in order. Both are running counts.
+    lengths = ops.sum(m, axis=1)
+    valid_rank = ops.cumsum(m, axis=1) - 1
+    pad_rank = ops.cumsum(1 - m, axis=1) - 1
+    inverse = ops.where(mask, valid_rank, ops.expand_dims(lengths, 1) + pad_rank)
+    # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
+    order = ops.cast(ops.argsort(inverse, axis=1), "int32")
+    return order, ops.cast(inverse, "int32"), ops.cast(lengths, "int32")

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs maskedrnn with its CI extras, lints, and runs pytest once per Keras backend,
+# each in its own process (the backend is fixed at import time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q -e ".[ci]"
+python -m ruff check .
+status=0
+for backend in tensorflow jax torch; do
+  echo "=== KERAS_BACKEND=$backend ==="
+  KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" || status=1
+done
+exit $status
