@@ -1,0 +1,535 @@
+"""Small data sets and padding helpers for variable-length sequence models.
+
+Everything here is NumPy only (no Keras backend is touched), so the functions
+can feed any backend.
+
+* `parse_ts` reads the sktime/aeon `.ts` time-series format.
+* `load_japanese_vowels` loads the UCI Japanese Vowels speaker-recognition set
+  (640 utterances of 7 to 29 frames of 12 LPC coefficients, 9 speakers), which
+  ships inside this package (`maskedrnn/data/`, see
+  `maskedrnn/data/JapaneseVowels_LICENSE.md`); nothing is downloaded.
+* `pad_batch` pads a list of `(time, features)` arrays into one batch and
+  returns the lengths.
+* `make_distance_to_end_task` builds a synthetic token-labelling task whose
+  targets a forward-only RNN cannot know but a backward RNN can.
+"""
+
+import importlib.resources
+import math
+import os
+
+import numpy as np
+
+__all__ = [
+    "parse_ts",
+    "load_japanese_vowels",
+    "pad_batch",
+    "make_distance_to_end_task",
+]
+
+_BOOLEAN_TAGS = {
+    "timestamps": "timestamps",
+    "missing": "missing",
+    "univariate": "univariate",
+    "equallength": "equal_length",
+}
+_INT_TAGS = {"dimensions": "dimensions", "serieslength": "series_length"}
+
+
+def _parse_bool(word, tag, lineno):
+    lowered = word.lower()
+    if lowered == "true":
+        return True
+    if lowered == "false":
+        return False
+    raise ValueError(
+        f"Line {lineno}: @{tag} must be followed by 'true' or 'false'; got {word!r}."
+    )
+
+
+def _parse_header(line, lineno, meta):
+    """Parses one `@tag value...` line into `meta` (keys are documented)."""
+    words = line.split()
+    tag = words[0][1:].lower()
+    args = words[1:]
+    if tag == "data":
+        if args:
+            raise ValueError(
+                f"Line {lineno}: @data must stand alone on its line; the cases "
+                "start on the next line."
+            )
+        return
+    if tag == "problemname":
+        if not args:
+            raise ValueError(f"Line {lineno}: @problemName needs a name.")
+        meta["problem_name"] = line.split(None, 1)[1].strip()
+    elif tag in _BOOLEAN_TAGS:
+        if len(args) != 1:
+            raise ValueError(
+                f"Line {lineno}: @{words[0][1:]} takes exactly one value, "
+                f"'true' or 'false'; got {len(args)} values."
+            )
+        meta[_BOOLEAN_TAGS[tag]] = _parse_bool(args[0], words[0][1:], lineno)
+    elif tag in _INT_TAGS:
+        if len(args) != 1 or not args[0].isdigit() or int(args[0]) < 1:
+            raise ValueError(
+                f"Line {lineno}: @{words[0][1:]} takes one positive integer; "
+                f"got {' '.join(args)!r}."
+            )
+        meta[_INT_TAGS[tag]] = int(args[0])
+    elif tag == "classlabel":
+        if not args:
+            raise ValueError(
+                f"Line {lineno}: @classLabel needs 'true' followed by the class "
+                "labels, or 'false'."
+            )
+        has_labels = _parse_bool(args[0], "classLabel", lineno)
+        if has_labels and len(args) == 1:
+            raise ValueError(
+                f"Line {lineno}: @classLabel true must list the class labels, "
+                "e.g. '@classLabel true 1 2 3'."
+            )
+        if not has_labels and len(args) > 1:
+            raise ValueError(
+                f"Line {lineno}: @classLabel false takes no labels; got "
+                f"{' '.join(args[1:])!r}."
+            )
+        if len(set(args[1:])) != len(args[1:]):
+            raise ValueError(
+                f"Line {lineno}: @classLabel lists a label twice: "
+                f"{' '.join(args[1:])!r}."
+            )
+        meta["class_label"] = has_labels
+        meta["class_labels"] = list(args[1:])
+    elif tag == "targetlabel":
+        if len(args) != 1:
+            raise ValueError(
+                f"Line {lineno}: @targetLabel takes exactly one value, 'true' or "
+                f"'false'; got {len(args)} values."
+            )
+        meta["target_label"] = _parse_bool(args[0], "targetLabel", lineno)
+    else:
+        raise ValueError(
+            f"Line {lineno}: unknown header tag {words[0]!r}. Known tags: "
+            "@problemName, @timeStamps, @missing, @univariate, @dimensions, "
+            "@equalLength, @seriesLength, @classLabel, @targetLabel, @data."
+        )
+
+
+def _parse_values(text, lineno, dim):
+    """Comma-separated floats of one dimension; '?' is a missing value (NaN)."""
+    values = []
+    for token in text.split(","):
+        token = token.strip()
+        if token == "?":
+            values.append(math.nan)
+            continue
+        try:
+            values.append(float(token))
+        except ValueError:
+            raise ValueError(
+                f"Line {lineno}, dimension {dim}: {token!r} is not a number "
+                "(use '?' for a missing value)."
+            ) from None
+    return values
+
+
+def parse_ts(path_or_text):
+    """Parses a time-series file in the sktime/aeon `.ts` format.
+
+    The format is a header of `@tag value` lines ending with `@data`, then one
+    case per line: the dimensions are separated by `:`, the values of one
+    dimension by `,`, and the class label (when `@classLabel true ...`) or the
+    regression target (when `@targetLabel true`) comes last. Cases may have
+    different lengths (`@equalLength false`), but within one case every
+    dimension must have the same length. `?` marks a missing value and is read
+    as NaN. Blank lines and lines starting with `#` are ignored. Header tags
+    are case-insensitive. Timestamped data (`@timeStamps true`) is not
+    supported.
+
+    Example:
+
+    >>> series, labels, meta = parse_ts(
+    ...     "@problemName toy\\n@univariate false\\n@dimensions 2\\n"
+    ...     "@classLabel true a b\\n@data\\n1,2,3:4,5,?:a\\n6:7:b\\n")
+    >>> [s.shape for s in series]
+    [(3, 2), (1, 2)]
+    >>> series[0][:, 1]
+    array([ 4.,  5., nan], dtype=float32)
+    >>> labels
+    array(['a', 'b'], dtype='<U1')
+
+    Args:
+        path_or_text: A path (`str` or `os.PathLike`) to a `.ts` file, or the
+            file's contents as a `str`. A `str` that contains a newline is
+            taken as contents, any other `str` as a path.
+
+    Returns:
+        A tuple `(series, labels, metadata)`:
+        - `series`: list with one float32 array of shape `(time, dims)` per
+          case, in file order.
+        - `labels`: for `@classLabel true`, a str array of shape `(cases,)`;
+          for `@targetLabel true`, a float32 array of shape `(cases,)`;
+          otherwise `None`.
+        - `metadata`: dict of the header: `problem_name` (str), `timestamps`,
+          `missing`, `univariate`, `equal_length`, `class_label`,
+          `target_label` (bools), `dimensions`, `series_length` (ints),
+          `class_labels` (list of str, in declared order); only keys whose
+          tag is present (`class_labels` with `class_label`).
+
+    Raises:
+        ValueError: on malformed input; the message names the line number.
+    """
+    if isinstance(path_or_text, os.PathLike) or (
+        isinstance(path_or_text, str) and "\n" not in path_or_text
+    ):
+        with open(path_or_text, encoding="utf-8") as f:
+            text = f.read()
+    elif isinstance(path_or_text, str):
+        text = path_or_text
+    else:
+        raise TypeError(
+            "parse_ts expects a path (str or os.PathLike) or the file's text "
+            f"(str); got {type(path_or_text).__name__}."
+        )
+
+    meta = {}
+    in_data = False
+    series = []
+    raw_labels = []
+    n_dims_seen = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            if in_data:
+                raise ValueError(
+                    f"Line {lineno}: header line {line.split()[0]!r} after "
+                    "@data; all header lines must come before @data."
+                )
+            _parse_header(line, lineno, meta)
+            if line.split()[0].lower() == "@data":
+                in_data = True
+                if meta.get("timestamps", False):
+                    raise ValueError(
+                        "parse_ts does not support timestamped data "
+                        "(@timeStamps true); convert the file to plain "
+                        "values first."
+                    )
+                if meta.get("class_label", False) and meta.get("target_label", False):
+                    raise ValueError(
+                        "The header declares both @classLabel true and "
+                        "@targetLabel true; a .ts file has one label field."
+                    )
+            continue
+        if not in_data:
+            raise ValueError(
+                f"Line {lineno}: data found before the @data line; put the "
+                "header first and end it with @data."
+            )
+
+        parts = line.split(":")
+        has_label = meta.get("class_label", False) or meta.get("target_label", False)
+        if has_label:
+            if len(parts) < 2:
+                raise ValueError(
+                    f"Line {lineno}: expected values followed by ':<label>' "
+                    "(the header declares labels); found no ':'."
+                )
+            label = parts[-1].strip()
+            parts = parts[:-1]
+            if meta.get("class_label", False):
+                if label not in meta["class_labels"]:
+                    raise ValueError(
+                        f"Line {lineno}: class label {label!r} is not one of "
+                        f"the labels declared by @classLabel: "
+                        f"{meta['class_labels']}."
+                    )
+                raw_labels.append(label)
+            else:
+                try:
+                    raw_labels.append(float(label))
+                except ValueError:
+                    raise ValueError(
+                        f"Line {lineno}: regression target {label!r} is not a number."
+                    ) from None
+
+        n_dims = len(parts)
+        expected = meta.get("dimensions")
+        if meta.get("univariate", False) and n_dims != 1:
+            raise ValueError(
+                f"Line {lineno}: found {n_dims} dimensions but the header says "
+                "@univariate true (one dimension)."
+            )
+        if expected is not None and n_dims != expected:
+            raise ValueError(
+                f"Line {lineno}: found {n_dims} dimensions, but @dimensions is "
+                f"{expected}."
+            )
+        if n_dims_seen is not None and n_dims != n_dims_seen:
+            raise ValueError(
+                f"Line {lineno}: found {n_dims} dimensions, but earlier cases "
+                f"have {n_dims_seen}."
+            )
+        n_dims_seen = n_dims
+
+        columns = []
+        for d, part in enumerate(parts):
+            if not part.strip():
+                raise ValueError(
+                    f"Line {lineno}, dimension {d}: no values (empty field "
+                    "between ':' separators)."
+                )
+            columns.append(_parse_values(part, lineno, d))
+        lengths = {len(c) for c in columns}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"Line {lineno}: dimensions have different lengths "
+                f"{[len(c) for c in columns]}; every dimension of a case must "
+                "have the same number of values."
+            )
+        length = lengths.pop()
+        if meta.get("series_length") is not None and meta.get("equal_length", False):
+            if length != meta["series_length"]:
+                raise ValueError(
+                    f"Line {lineno}: case has {length} time steps but "
+                    f"@seriesLength is {meta['series_length']}."
+                )
+        if meta.get("equal_length", False) and series:
+            if length != series[0].shape[0]:
+                raise ValueError(
+                    f"Line {lineno}: case has {length} time steps but the "
+                    f"first case has {series[0].shape[0]}, and the header says "
+                    "@equalLength true."
+                )
+        series.append(np.asarray(columns, dtype=np.float32).T.copy())
+
+    if not in_data:
+        raise ValueError("No @data line found; this is not a .ts file.")
+    if not series:
+        raise ValueError("The file has an @data line but no cases after it.")
+
+    if meta.get("class_label", False):
+        labels = np.asarray(raw_labels, dtype=str)
+    elif meta.get("target_label", False):
+        labels = np.asarray(raw_labels, dtype=np.float32)
+    else:
+        labels = None
+    return series, labels, meta
+
+
+_JAPANESE_VOWELS_FILES = {
+    "train": "JapaneseVowels_TRAIN.ts",
+    "test": "JapaneseVowels_TEST.ts",
+}
+
+
+def load_japanese_vowels(split="train"):
+    """Loads the UCI Japanese Vowels data set shipped with `maskedrnn`.
+
+    Nine male speakers each uttered the Japanese vowels /ae/; every utterance
+    is a sequence of 7 to 29 frames of 12 LPC cepstrum coefficients, and the
+    task is to recognise the speaker. The training split has 270 utterances
+    (30 per speaker); the test split has 370 (24 to 88 per speaker). Source:
+    Kudo, Toyama and Shimbo (1999), UCI Machine Learning Repository
+    (CC BY 4.0, https://doi.org/10.24432/C5NS47); the files are those of the
+    aeon project's distribution, see `maskedrnn/data/JapaneseVowels_LICENSE.md`.
+
+    The files are read from the installed package (`importlib.resources`), so
+    this works offline and from a wheel.
+
+    Example:
+
+    >>> x, y = load_japanese_vowels("train")
+    >>> len(x), x[0].shape, y[:3]
+    (270, (20, 12), array([0, 0, 0], dtype=int32))
+    >>> padded, lengths = pad_batch(x)
+    >>> padded.shape
+    (270, 26, 12)
+
+    Args:
+        split: `"train"` or `"test"`. Defaults to `"train"`.
+
+    Returns:
+        A tuple `(sequences, labels)`: a list of float32 arrays of shape
+        `(time, 12)`, and an int32 array of shape `(cases,)` holding the
+        speaker index 0..8 (speaker "1" is 0).
+    """
+    if split not in _JAPANESE_VOWELS_FILES:
+        raise ValueError(f"split must be 'train' or 'test'; got {split!r}.")
+    resource = importlib.resources.files("maskedrnn").joinpath(
+        "data", _JAPANESE_VOWELS_FILES[split]
+    )
+    text = resource.read_text(encoding="utf-8")
+    series, labels, meta = parse_ts(text)
+    index = {name: i for i, name in enumerate(meta["class_labels"])}
+    ids = np.asarray([index[name] for name in labels], dtype=np.int32)
+    return series, ids
+
+
+def pad_batch(sequences, maxlen=None, padding="post", value=0.0, dtype="float32"):
+    """Pads variable-length sequences into one array and returns their lengths.
+
+    Like `keras.utils.pad_sequences`, but every sequence may carry feature
+    axes (e.g. `(time, features)`), the lengths come back alongside, and a
+    sequence longer than `maxlen` is an error rather than silently truncated.
+
+    Example:
+
+    >>> padded, lengths = pad_batch([np.ones((2, 3)), np.ones((4, 3))])
+    >>> padded.shape, lengths
+    ((2, 4, 3), array([2, 4], dtype=int32))
+    >>> pad_batch([[1, 2], [3]], padding="pre", dtype="int32")[0]
+    array([[1, 2],
+           [0, 3]], dtype=int32)
+
+    Args:
+        sequences: Non-empty sequence of array-likes, each of shape
+            `(time, *features)`; `features` must agree across sequences
+            (`time` may be 0).
+        maxlen: Int or `None`, the padded length. `None` (default) uses the
+            longest sequence.
+        padding: `"post"` (default) pads after each sequence, `"pre"` before
+            it.
+        value: Scalar written into the padded steps. Defaults to `0.0`.
+        dtype: NumPy dtype of the result. Defaults to `"float32"`.
+
+    Returns:
+        A tuple `(padded, lengths)`: an array of shape
+        `(len(sequences), maxlen, *features)` and dtype `dtype`, and an int32
+        array of shape `(len(sequences),)` with each sequence's length.
+    """
+    if padding not in ("pre", "post"):
+        raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
+    if maxlen is not None:
+        if isinstance(maxlen, bool) or not isinstance(maxlen, (int, np.integer)):
+            raise ValueError(
+                f"maxlen must be a non-negative int or None; got {maxlen!r}."
+            )
+        if maxlen < 0:
+            raise ValueError(f"maxlen must be >= 0; got {maxlen}.")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"dtype {dtype!r} is not a NumPy dtype.") from None
+    arrays = [np.asarray(s) for s in sequences]
+    if not arrays:
+        raise ValueError("sequences is empty; pass at least one sequence.")
+    for i, a in enumerate(arrays):
+        if a.ndim == 0:
+            raise ValueError(
+                f"sequences[{i}] is a scalar; every sequence needs a time axis "
+                "(shape (time, *features))."
+            )
+    feature_shape = arrays[0].shape[1:]
+    for i, a in enumerate(arrays):
+        if a.shape[1:] != feature_shape:
+            raise ValueError(
+                f"sequences[{i}] has feature shape {a.shape[1:]}, but "
+                f"sequences[0] has {feature_shape}; all sequences must share "
+                "the axes after time."
+            )
+    lengths = np.asarray([a.shape[0] for a in arrays], dtype=np.int32)
+    longest = int(lengths.max())
+    if maxlen is None:
+        maxlen = longest
+    elif longest > maxlen:
+        i = int(np.argmax(lengths))
+        raise ValueError(
+            f"sequences[{i}] has {longest} steps, more than maxlen={maxlen}; "
+            "pass a larger maxlen (or None) or truncate the sequences first."
+        )
+    maxlen = int(maxlen)
+    padded = np.full((len(arrays), maxlen) + feature_shape, value, dtype=dtype)
+    for i, a in enumerate(arrays):
+        n = a.shape[0]
+        if n == 0:
+            continue
+        if padding == "post":
+            padded[i, :n] = a
+        else:
+            padded[i, maxlen - n :] = a
+    return padded, lengths
+
+
+def make_distance_to_end_task(
+    n,
+    maxlen,
+    vocab_size=16,
+    n_classes=8,
+    min_length=None,
+    padding="post",
+    seed=None,
+):
+    """Synthetic tagging task that needs the backward direction of an RNN.
+
+    Each sequence is `length` random tokens, with `length` drawn uniformly from
+    `[min_length, maxlen]`. The target of a token is its distance to the end of
+    its sequence (0 for the last token, 1 for the one before, ...), clipped to
+    `n_classes - 1`. The tokens carry no information: a forward RNN cannot
+    know, at step `t`, how far the end is, while a backward RNN (which starts
+    at the last real token when padding is handled correctly) can count it.
+    Wrong handling of padding in the backward direction shows up directly as
+    wrong targets.
+
+    Example:
+
+    >>> ids, labels, lengths = make_distance_to_end_task(2, 6, seed=0)
+    >>> ids.shape, labels.shape, lengths.shape
+    ((2, 6), (2, 6), (2,))
+    >>> # For a row of length 4 with padding="post" and n_classes=8:
+    >>> # labels[i] == [3, 2, 1, 0, -1, -1]
+
+    Args:
+        n: Int >= 1, number of sequences.
+        maxlen: Int >= 1, padded length (and longest possible sequence).
+        vocab_size: Int >= 2. Tokens are drawn uniformly from
+            `1 .. vocab_size - 1`; 0 is the padding id. Defaults to `16`.
+        n_classes: Int >= 1, number of target classes; distances of
+            `n_classes - 1` or more share the last class. Defaults to `8`.
+        min_length: Int in `[1, maxlen]` or `None`, the shortest length.
+            `None` (default) uses `max(1, maxlen // 5)`.
+        padding: `"post"` (default) puts the tokens first and padding after;
+            `"pre"` puts padding first.
+        seed: Int or `None`, seed of `numpy.random.default_rng`; the same seed
+            gives the same data. Defaults to `None` (not reproducible).
+
+    Returns:
+        A tuple `(ids, labels, lengths)`: int32 `(n, maxlen)` token ids (0 at
+        padding), int32 `(n, maxlen)` targets in `0 .. n_classes - 1` (-1 at
+        padding) and int32 `(n,)` lengths.
+    """
+
+    def _check_int(name, v, low):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ValueError(f"{name} must be an int >= {low}; got {v!r}.")
+
+    _check_int("n", n, 1)
+    _check_int("maxlen", maxlen, 1)
+    _check_int("vocab_size", vocab_size, 2)
+    _check_int("n_classes", n_classes, 1)
+    if min_length is None:
+        min_length = max(1, maxlen // 5)
+    _check_int("min_length", min_length, 1)
+    if min_length > maxlen:
+        raise ValueError(
+            f"min_length={min_length} is larger than maxlen={maxlen}; pass "
+            "min_length <= maxlen."
+        )
+    if padding not in ("pre", "post"):
+        raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_length, maxlen + 1, size=n).astype(np.int32)
+    tokens = rng.integers(1, vocab_size, size=(n, maxlen)).astype(np.int32)
+    steps = np.arange(maxlen, dtype=np.int32)[None, :]
+    if padding == "post":
+        valid = steps < lengths[:, None]
+        distance = lengths[:, None] - 1 - steps
+    else:
+        valid = steps >= maxlen - lengths[:, None]
+        distance = np.broadcast_to(maxlen - 1 - steps, (n, maxlen))
+    ids = np.where(valid, tokens, 0).astype(np.int32)
+    labels = np.where(valid, np.minimum(distance, n_classes - 1), -1)
+    return ids, labels.astype(np.int32), lengths
