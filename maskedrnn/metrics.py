@@ -1,0 +1,230 @@
+"""Per-timestep metrics that skip padded steps, with or without Keras masks.
+
+Each metric accumulates `sum(value * weight)` and `sum(weight)` over every
+valid step of every batch, where `weight` is 1 at valid steps (times the
+sample weight) and 0 at masked ones, and reports their ratio. The result is
+the mean over all valid steps seen since the last `reset_state()`, not a mean
+of batch means. The mask sources are those of `maskedrnn.losses.MaskedLoss`:
+the Keras mask attached to `y_pred` and `pad_value` in `y_true` (their AND
+when both are present).
+
+When all batches have the same number of time steps this equals Keras' own
+metric (e.g. `keras.metrics.SparseCategoricalAccuracy`) given the same mask
+natively. Keras first averages each sequence over its time axis, so with
+batches of different lengths (bucketing) its value is not the mean over valid
+steps; these metrics still are.
+"""
+
+import keras
+from keras import ops
+
+from maskedrnn.losses import (
+    _check_pad_value,
+    _combine_masks,
+    _expand_sample_weight,
+    _step_masks,
+    get_keras_mask,
+)
+
+__all__ = ["MaskedAccuracy", "MaskedMeanAbsoluteError", "MaskedMeanSquaredError"]
+
+
+class _MaskedStepMean(keras.metrics.Metric):
+    """Weighted mean of per-step values over the valid steps of all batches.
+
+    Subclasses define `_step_values(y_true, y_pred)`, returning one value per
+    step; masked labels in `y_true` are already 0 when it runs.
+    """
+
+    def __init__(self, pad_value=None, name=None, dtype=None):
+        super().__init__(name=name, dtype=dtype)
+        self.pad_value = _check_pad_value(pad_value)
+        self.total = self.add_variable(
+            shape=(), initializer="zeros", dtype=self.dtype, name="total"
+        )
+        self.count = self.add_variable(
+            shape=(), initializer="zeros", dtype=self.dtype, name="count"
+        )
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        """Accumulates the valid steps of one batch.
+
+        Args:
+            y_true: Labels or targets, shape `(batch, time)` or
+                `(batch, time, ...)`.
+            y_pred: Predictions, shape `(batch, time, ...)`, possibly carrying a
+                `(batch, time)` Keras mask.
+            sample_weight: Optional weights of shape `(batch,)` (per sequence)
+                or `(batch, time)` (per step). Defaults to `None`.
+        """
+        native_mask = get_keras_mask(y_pred)
+        y_pred = ops.convert_to_tensor(y_pred)
+        y_true = ops.convert_to_tensor(y_true)
+        y_true, masks = _step_masks(y_true, y_pred, native_mask, None, self.pad_value)
+        values = ops.cast(self._step_values(y_true, y_pred), self.dtype)
+        valid = _combine_masks(masks, values, "metric value")
+        weights = ops.ones_like(values)
+        if valid is not None:
+            values = ops.where(valid, values, ops.zeros_like(values))
+            weights = ops.cast(valid, self.dtype)
+        if sample_weight is not None:
+            sample_weight = _expand_sample_weight(sample_weight, values, self.dtype)
+            weights = weights * sample_weight
+        self.total.assign_add(ops.sum(values * weights))
+        self.count.assign_add(ops.sum(ops.broadcast_to(weights, ops.shape(values))))
+
+    def result(self):
+        return ops.divide_no_nan(self.total, self.count)
+
+    def reset_state(self):
+        self.total.assign(0.0)
+        self.count.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_value": self.pad_value}
+
+
+@keras.saving.register_keras_serializable(package="maskedrnn")
+class MaskedAccuracy(_MaskedStepMean):
+    """Sparse categorical accuracy over the valid timesteps.
+
+    The fraction of valid steps whose label equals the argmax of `y_pred`,
+    accumulated over batches as (number correct) / (number valid). Steps are
+    valid where the Keras mask of `y_pred` is True and, with `pad_value`,
+    where the label differs from `pad_value`.
+
+    Args:
+        pad_value: Number or `None`: labels equal to it mark padded steps
+            (e.g. `-1`). Defaults to `None`.
+        name: Name of the metric. Defaults to `"masked_accuracy"`.
+        dtype: Dtype of the result and of the accumulators. Defaults to `None`
+            (`keras.backend.floatx()`).
+
+    Call arguments (`update_state`):
+        y_true: Integer labels of shape `(batch, time)` or `(batch, time, 1)`.
+        y_pred: Scores (logits or probabilities) of shape
+            `(batch, time, classes)`.
+        sample_weight: Optional `(batch,)` or `(batch, time)` weights.
+
+    Example:
+
+    >>> m = MaskedAccuracy(pad_value=-1)
+    >>> m.update_state([[1, 0, -1]], [[[0.1, 0.9], [0.2, 0.8], [0.5, 0.5]]])
+    >>> float(m.result())  # 1 of 2 valid steps correct
+    0.5
+
+    ```python
+    model.compile(optimizer="adam", loss=MaskedLoss(
+        "sparse_categorical_crossentropy", pad_value=-1),
+        metrics=[MaskedAccuracy(pad_value=-1)])
+    ```
+    """
+
+    def __init__(self, pad_value=None, name="masked_accuracy", dtype=None):
+        super().__init__(pad_value=pad_value, name=name, dtype=dtype)
+        self._direction = "up"
+
+    def _step_values(self, y_true, y_pred):
+        if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] not in (
+            1,
+            None,
+        ):
+            raise ValueError(
+                "MaskedAccuracy takes integer labels of shape (batch, time) or "
+                f"(batch, time, 1); received y_true of shape {tuple(y_true.shape)}"
+                f" for y_pred of shape {tuple(y_pred.shape)}. For one-hot labels "
+                "pass ops.argmax(y_true, axis=-1)."
+            )
+        return keras.metrics.sparse_categorical_accuracy(y_true, y_pred)
+
+
+class _MaskedMeanError(_MaskedStepMean):
+    """Mean over valid steps of a per-step error averaged over features."""
+
+    def _step_values(self, y_true, y_pred):
+        y_pred = ops.cast(y_pred, self.dtype)
+        y_true = ops.cast(y_true, self.dtype)
+        if len(y_true.shape) == len(y_pred.shape) - 1:
+            if y_pred.shape[-1] not in (1, None):
+                raise ValueError(
+                    f"{self.__class__.__name__}: y_true of shape "
+                    f"{tuple(y_true.shape)} has one axis less than y_pred of "
+                    f"shape {tuple(y_pred.shape)}, which only works when y_pred "
+                    "has a single feature; give y_true the features axis."
+                )
+            y_true = ops.expand_dims(y_true, -1)
+        return ops.mean(self._error(y_true, y_pred), axis=-1)
+
+
+@keras.saving.register_keras_serializable(package="maskedrnn")
+class MaskedMeanAbsoluteError(_MaskedMeanError):
+    """Mean absolute error over the valid timesteps.
+
+    Per step, `mean(abs(y_true - y_pred), axis=-1)` (as
+    `keras.metrics.MeanAbsoluteError`), averaged over the valid steps of all
+    batches (weighted by `sample_weight`).
+
+    Args:
+        pad_value: Number or `None`: a step is padding when all its targets
+            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        name: Name of the metric. Defaults to `"masked_mean_absolute_error"`.
+        dtype: Dtype of the result and of the accumulators. Defaults to `None`
+            (`keras.backend.floatx()`).
+
+    Call arguments (`update_state`):
+        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
+            when `y_pred` has shape `(batch, time, 1)`.
+        y_pred: Predictions of shape `(batch, time, features)`.
+        sample_weight: Optional `(batch,)` or `(batch, time)` weights.
+
+    Example:
+
+    >>> m = MaskedMeanAbsoluteError(pad_value=-1.0)
+    >>> m.update_state([[[1.0], [-1.0]]], [[[0.5], [3.0]]])
+    >>> float(m.result())  # only the first step is valid
+    0.5
+    """
+
+    def __init__(self, pad_value=None, name="masked_mean_absolute_error", dtype=None):
+        super().__init__(pad_value=pad_value, name=name, dtype=dtype)
+        self._direction = "down"
+
+    def _error(self, y_true, y_pred):
+        return ops.abs(y_true - y_pred)
+
+
+@keras.saving.register_keras_serializable(package="maskedrnn")
+class MaskedMeanSquaredError(_MaskedMeanError):
+    """Mean squared error over the valid timesteps.
+
+    Per step, `mean(square(y_true - y_pred), axis=-1)` (as
+    `keras.metrics.MeanSquaredError`), averaged over the valid steps of all
+    batches (weighted by `sample_weight`).
+
+    Args:
+        pad_value: Number or `None`: a step is padding when all its targets
+            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        name: Name of the metric. Defaults to `"masked_mean_squared_error"`.
+        dtype: Dtype of the result and of the accumulators. Defaults to `None`
+            (`keras.backend.floatx()`).
+
+    Call arguments (`update_state`):
+        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
+            when `y_pred` has shape `(batch, time, 1)`.
+        y_pred: Predictions of shape `(batch, time, features)`.
+        sample_weight: Optional `(batch,)` or `(batch, time)` weights.
+
+    Example:
+
+    >>> m = MaskedMeanSquaredError(pad_value=-1.0)
+    >>> m.update_state([[[1.0], [-1.0]]], [[[0.5], [3.0]]])
+    >>> float(m.result())  # only the first step is valid
+    0.25
+    """
+
+    def __init__(self, pad_value=None, name="masked_mean_squared_error", dtype=None):
+        super().__init__(pad_value=pad_value, name=name, dtype=dtype)
+        self._direction = "down"
+
+    def _error(self, y_true, y_pred):
+        return ops.square(y_true - y_pred)
