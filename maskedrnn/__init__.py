@@ -2,4 +2,7 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import ops  # noqa: E402,F401
+from maskedrnn import ops
+from maskedrnn.layers import MaskedBidirectional
+
+__all__ = ["MaskedBidirectional", "ops"]

@@ -16,6 +16,7 @@ __all__ = [
     "lengths_from_mask",
     "lengths_from_padding",
     "valid_first_order",
+    "linear_recurrence_last",
 ]
 
 
@@ -213,3 +214,65 @@ def valid_first_order(mask):
     # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
     order = ops.cast(ops.argsort(inverse, axis=1), "int32")
     return order, ops.cast(inverse, "int32"), ops.cast(lengths, "int32")
+
+
+def _combine_adjacent(a, b):
+    """One level of a tree reduction of `c -> a_t * c + b_t` maps along axis 1.
+
+    Pads an odd-length time axis with the identity map (a=1, b=0), then
+    composes steps 2k and 2k+1: `c -> a2 * (a1 * c + b1) + b2`.
+    """
+    odd = ops.shape(a)[1] % 2
+    a = ops.concatenate([a, ops.ones_like(a[:, :odd])], axis=1)
+    b = ops.concatenate([b, ops.zeros_like(b[:, :odd])], axis=1)
+    a1, a2 = a[:, 0::2], a[:, 1::2]
+    b1, b2 = b[:, 0::2], b[:, 1::2]
+    return a1 * a2, a2 * b1 + b2
+
+
+def linear_recurrence_last(a, b, lengths, initial):
+    """Final value of `c_t = a_t * c_{t-1} + b_t` after `lengths[i]` steps.
+
+    Elementwise linear recurrence over axis 1, run for the first `lengths[i]`
+    steps of each row (a row of length 0 returns `initial`). Computed as a
+    tree reduction: about `2 * time` elementwise products, `ceil(log2(time))`
+    levels, memory linear in `time`, and no division or logarithm, so it is
+    as stable as the sequential loop. This is how `MaskedBidirectional` gets
+    an LSTM's exact cell state at each row's true length from unmasked outputs
+    (`a` = forget gate, `b` = input gate * candidate).
+
+    Example:
+
+    >>> linear_recurrence_last(a=[[0.5, 0.5, 0.5]], b=[[1., 1., 1.]],
+    ...                        lengths=[2], initial=[0.])
+    [1.5]    # c1 = 0.5 * 0 + 1 = 1;  c2 = 0.5 * 1 + 1 = 1.5; step 3 ignored
+
+    Args:
+        a: Float tensor of shape `(batch, time, ...)`.
+        b: Float tensor of the same shape as `a`.
+        lengths: Integer tensor of shape `(batch,)`, in `[0, time]`.
+        initial: Float tensor of shape `(batch, ...)`: `c_{-1}`.
+
+    Returns:
+        A tensor of shape `(batch, ...)`.
+    """
+    a = ops.convert_to_tensor(a)
+    b = ops.convert_to_tensor(b)
+    valid = sequence_mask(lengths, ops.shape(a)[1])
+    for _ in range(len(a.shape) - 2):
+        valid = ops.expand_dims(valid, -1)
+    # Steps past a row's length become the identity map c -> 1 * c + 0.
+    a = ops.where(valid, a, ops.ones_like(a))
+    b = ops.where(valid, b, ops.zeros_like(b))
+    if isinstance(a.shape[1], int):
+        # Static time axis (always the case on JAX and PyTorch): unrolled levels.
+        while a.shape[1] > 1:
+            a, b = _combine_adjacent(a, b)
+    else:
+        # Dynamic time axis (TensorFlow graphs with a None time dimension).
+        a, b = ops.while_loop(
+            lambda a, b: ops.shape(a)[1] > 1, _combine_adjacent, (a, b)
+        )
+    if a.shape[1] == 0:
+        return ops.convert_to_tensor(initial)
+    return a[:, 0] * initial + b[:, 0]

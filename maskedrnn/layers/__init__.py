@@ -1,0 +1,3 @@
+from maskedrnn.layers.masked_bidirectional import MaskedBidirectional
+
+__all__ = ["MaskedBidirectional"]
