@@ -2,7 +2,22 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import ops
+from maskedrnn import datasets, ops
 from maskedrnn.layers import MaskedBidirectional
+from maskedrnn.losses import MaskedLoss, masked_loss
+from maskedrnn.metrics import (
+    MaskedAccuracy,
+    MaskedMeanAbsoluteError,
+    MaskedMeanSquaredError,
+)
 
-__all__ = ["MaskedBidirectional", "ops"]
+__all__ = [
+    "MaskedAccuracy",
+    "MaskedBidirectional",
+    "MaskedLoss",
+    "MaskedMeanAbsoluteError",
+    "MaskedMeanSquaredError",
+    "datasets",
+    "masked_loss",
+    "ops",
+]

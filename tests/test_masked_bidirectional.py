@@ -269,7 +269,9 @@ def test_lstm_input_dropout_keeps_exact_cell_state():
     ):
         cell.get_dropout_mask = lambda step_input: ops.convert_to_tensor(fixed)
     x, mask = make_inputs(8), mask_patterns()
-    assert_all_close(ours(x, mask=mask, training=True), ref(x, mask=mask, training=True))
+    assert_all_close(
+        ours(x, mask=mask, training=True), ref(x, mask=mask, training=True)
+    )
 
 
 # ------------------------------------------------- weights and serialization
@@ -452,9 +454,7 @@ def test_explicit_lengths_model_trains_like_masked_model():
     h_ours = ours.fit(
         [right, lengths_np], target, epochs=2, batch_size=B, verbose=0, shuffle=False
     )
-    np.testing.assert_allclose(
-        h_ours.history["loss"], h_ref.history["loss"], rtol=1e-5
-    )
+    np.testing.assert_allclose(h_ours.history["loss"], h_ref.history["loss"], rtol=1e-5)
     for a, b in zip(ours.get_weights(), ref.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
@@ -472,9 +472,7 @@ def test_constructor_rejects_bad_arguments():
     with pytest.raises(ValueError, match="go_backwards"):
         MaskedBidirectional(keras.layers.LSTM(3, go_backwards=True))
     with pytest.raises(ValueError, match="backward_layer"):
-        MaskedBidirectional(
-            keras.layers.LSTM(3), backward_layer=keras.layers.LSTM(3)
-        )
+        MaskedBidirectional(keras.layers.LSTM(3), backward_layer=keras.layers.LSTM(3))
     with pytest.raises(ValueError, match="return_sequences"):
         MaskedBidirectional(
             keras.layers.LSTM(3, return_sequences=True),
