@@ -258,6 +258,7 @@ def linear_recurrence_last(a, b, lengths, initial):
     """
     a = ops.convert_to_tensor(a)
     b = ops.convert_to_tensor(b)
+    initial = ops.cast(ops.convert_to_tensor(initial), a.dtype)
     valid = sequence_mask(lengths, ops.shape(a)[1])
     for _ in range(len(a.shape) - 2):
         valid = ops.expand_dims(valid, -1)
@@ -274,5 +275,5 @@ def linear_recurrence_last(a, b, lengths, initial):
             lambda a, b: ops.shape(a)[1] > 1, _combine_adjacent, (a, b)
         )
     if a.shape[1] == 0:
-        return ops.convert_to_tensor(initial)
+        return initial
     return a[:, 0] * initial + b[:, 0]
