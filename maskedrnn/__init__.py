@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import datasets, ops
+from maskedrnn import convert, datasets, ops
 from maskedrnn.layers import MaskedBidirectional
 from maskedrnn.losses import MaskedLoss, masked_loss
 from maskedrnn.metrics import (
@@ -17,6 +17,7 @@ __all__ = [
     "MaskedLoss",
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
+    "convert",
     "datasets",
     "masked_loss",
     "ops",

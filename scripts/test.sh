@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e ".[ci]"
+# tf-keras (Keras 2) only for the legacy CuDNN tests; --no-deps keeps tensorflow-cpu
+# (its metadata asks for the full tensorflow package).
+python -m pip install -q --no-deps tf-keras==2.21.0
 python -m ruff check .
 status=0
 for backend in tensorflow jax torch; do
