@@ -1,0 +1,391 @@
+"""convert_model and bidirectional_to_masked, specified against the original models.
+
+The oracle throughout is the model before conversion: Keras' own
+`Bidirectional` layers fed the Keras masks of `Embedding(mask_zero=True)`.
+The converted model must return the same predictions for the same inputs,
+hold copies (not shares) of the same weights, and keep every layer name.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import layers, ops
+
+from maskedrnn import MaskedBidirectional
+from maskedrnn.convert_model import bidirectional_to_masked, convert_model
+from tests.helpers import BACKEND, flat, to_np
+
+V, T, E, U, B = 12, 8, 3, 4, 5
+ATOL = 1e-5
+
+
+def padded_ids(seed=0):
+    """Token ids (0 = padding) with every padding pattern Keras masks allow."""
+    ids = np.random.default_rng(seed).integers(1, V, (B, T)).astype("int32")
+    ids[0, 5:] = 0  # right-padded
+    ids[1, :3] = 0  # left-padded (keras.utils.pad_sequences' default)
+    ids[2, [1, 4]] = 0  # holes
+    ids[3, :] = 0  # all padding
+    # row 4: full length
+    return ids
+
+
+def predict(model, x):
+    """Runs `model` once; on JAX jit-compiled (`predict`), eager JAX RNNs are slow."""
+    if BACKEND == "jax":
+        return flat(model.predict(x, batch_size=len(x), verbose=0))
+    return to_np(flat(model(x)))
+
+
+def assert_same_predictions(new, old, x):
+    expected = predict(old, x)
+    actual = predict(new, x)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, atol=ATOL, rtol=1e-5)
+
+
+def assert_same_weights(new_layer, old_layer):
+    new_w, old_w = new_layer.get_weights(), old_layer.get_weights()
+    assert len(new_w) == len(old_w) > 0
+    for a, b in zip(new_w, old_w):
+        np.testing.assert_array_equal(a, b)
+
+
+def sequential_model():
+    return keras.Sequential(
+        [
+            keras.Input((T,), dtype="int32"),
+            layers.Embedding(V, E, mask_zero=True, name="embed"),
+            layers.Bidirectional(
+                layers.LSTM(U, return_sequences=True, use_cudnn=False), name="bi_1"
+            ),
+            layers.Bidirectional(layers.GRU(U), merge_mode="sum", name="bi_2"),
+            layers.Dense(2, name="head"),
+        ],
+        name="tagger",
+    )
+
+
+def functional_model():
+    """A Functional model with a nested Sequential and a nested Functional
+    model, four Bidirectional layers (merge modes concat, ave, mul, None),
+    final states used downstream and as another layer's initial state."""
+    encoder = keras.Sequential(
+        [
+            keras.Input((T,), dtype="int32"),
+            layers.Embedding(V, E, mask_zero=True),
+            layers.Bidirectional(layers.GRU(U, return_sequences=True), name="bi_enc"),
+        ],
+        name="encoder",
+    )
+    seq_in = keras.Input((T, 2 * U))
+    f, b, h_f, c_f, h_b, c_b = layers.Bidirectional(
+        layers.LSTM(U, return_state=True), merge_mode=None, name="bi_states"
+    )(seq_in)
+    summarizer = keras.Model(
+        seq_in, layers.Concatenate()([f, b, h_f, c_f, h_b, c_b]), name="summarizer"
+    )
+
+    ids = keras.Input((T,), dtype="int32", name="ids")
+    x = encoder(ids)
+    mask = ops.not_equal(ids, 0)
+    seq, h_f, c_f, h_b, c_b = layers.Bidirectional(
+        layers.LSTM(U, return_sequences=True, return_state=True),
+        merge_mode="ave",
+        name="bi_top",
+    )(x, mask=mask)
+    # Initial state passed positionally, Bidirectional.call's second argument.
+    last = layers.Bidirectional(layers.GRU(U), merge_mode="mul", name="bi_init")(
+        seq, [h_f, h_b]
+    )
+    out = layers.Concatenate()([summarizer(x), last, c_f, c_b])
+    return keras.Model(ids, layers.Dense(2, name="head")(out), name="big")
+
+
+# ------------------------------------------------------------------ models
+
+
+def test_sequential_model_converted_with_same_predictions():
+    old = sequential_model()
+    old.compile(optimizer="adam", loss="mse")
+    new = convert_model(old)
+
+    assert isinstance(new, keras.Sequential) and new.name == "tagger"
+    assert [type(layer) for layer in new.layers] == [
+        layers.Embedding,
+        MaskedBidirectional,
+        MaskedBidirectional,
+        layers.Dense,
+    ]
+    assert [layer.name for layer in new.layers] == [layer.name for layer in old.layers]
+    assert new.get_layer("bi_2").merge_mode == "sum"
+    assert not new.get_layer("bi_2").return_sequences
+    # LSTM's use_cudnn is not in its config; it is carried over.
+    assert new.get_layer("bi_1").forward_layer.use_cudnn is False
+    for layer in old.layers:
+        assert_same_weights(new.get_layer(layer.name), layer)
+    assert new.compiled and new.optimizer is not old.optimizer
+    assert_same_predictions(new, old, padded_ids())
+
+
+def test_original_model_unchanged_and_weights_not_shared():
+    old = sequential_model()
+    before = [w.copy() for w in old.get_weights()]
+    new = convert_model(old)
+    new.set_weights([np.zeros_like(w) for w in new.get_weights()])
+    assert [type(layer) for layer in old.layers][1:3] == [layers.Bidirectional] * 2
+    for a, b in zip(old.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_functional_model_with_nested_models_converted():
+    old = functional_model()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        new = convert_model(old)
+    # Everything here is convertible: convert_model warns about nothing.
+    assert not [w for w in record if "convert_model" in str(w.message)]
+
+    assert new.name == "big"
+    for outer, inner in [
+        (None, "bi_top"),
+        (None, "bi_init"),
+        ("encoder", "bi_enc"),
+        ("summarizer", "bi_states"),
+    ]:
+        owner = new if outer is None else new.get_layer(outer)
+        old_owner = old if outer is None else old.get_layer(outer)
+        assert isinstance(owner.get_layer(inner), MaskedBidirectional), inner
+        assert isinstance(old_owner.get_layer(inner), layers.Bidirectional)
+        assert_same_weights(owner.get_layer(inner), old_owner.get_layer(inner))
+    assert isinstance(new.get_layer("encoder"), keras.Sequential)
+    assert new.get_layer("summarizer").get_layer("bi_states").merge_mode is None
+    assert new.get_layer("bi_top").return_state
+    assert_same_predictions(new, old, padded_ids(1))
+
+
+def test_frozen_layers_stay_frozen():
+    old = functional_model()
+    old.get_layer("encoder").trainable = False  # a nested Sequential
+    old.get_layer("summarizer").trainable = False  # a nested Functional
+    old.get_layer("head").trainable = False
+    new = convert_model(old)
+    assert not new.get_layer("encoder").trainable
+    assert not new.get_layer("summarizer").trainable
+    assert not new.get_layer("encoder").get_layer("bi_enc").trainable
+    assert not new.get_layer("head").trainable
+    assert new.get_layer("bi_top").trainable
+    assert len(new.trainable_weights) == len(old.trainable_weights)
+
+
+def test_shared_layer_stays_shared():
+    ids = keras.Input((T,), dtype="int32")
+    x = layers.Embedding(V, E, mask_zero=True)(ids)
+    bi = layers.Bidirectional(layers.GRU(U, return_sequences=True), name="shared")
+    y = layers.Add()([bi(x), bi(ops.flip(x, 1))])
+    old = keras.Model(ids, y)
+    new = convert_model(old)
+    assert len(new.weights) == len(old.weights)
+    assert_same_predictions(new, old, padded_ids(2))
+
+
+# ----------------------------------------------------- layers left as they are
+
+
+@keras.saving.register_keras_serializable(package="test_convert_model")
+class CumSum(layers.Layer):
+    """A sequence layer that is not an RNN but that Bidirectional accepts."""
+
+    def __init__(self, go_backwards=False, return_sequences=True, **kwargs):
+        super().__init__(**kwargs)
+        self.go_backwards = go_backwards
+        self.return_sequences = return_sequences
+        self.return_state = False
+        self.stateful = False
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def call(self, x, initial_state=None):
+        if self.go_backwards:
+            x = ops.flip(x, 1)
+        return ops.cumsum(x, axis=1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(go_backwards=self.go_backwards)
+        config.update(return_sequences=self.return_sequences)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="test_convert_model")
+class MyBidirectional(layers.Bidirectional):
+    pass
+
+
+@keras.saving.register_keras_serializable(package="test_convert_model")
+class Block(layers.Layer):
+    """A custom layer holding a Bidirectional."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.bidi = layers.Bidirectional(layers.LSTM(units), name="bi_in_block")
+
+    def call(self, x):
+        return self.bidi(x)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+UNCONVERTIBLE = {
+    "bi_stateful": "stateful=True",
+    "bi_cumsum": "not a keras.layers.RNN",
+    "bi_go_backwards": "go_backwards=True",
+    "bi_subclass": "subclass of Bidirectional",
+    "bi_in_block": "inside Block 'block'",
+}
+
+
+def mixed_model():
+    """One convertible Bidirectional and one of each kind that is not."""
+    x = keras.Input(batch_shape=(B, T, 2))
+    outputs = [
+        layers.Bidirectional(layers.GRU(U), name="bi_ok")(x),
+        layers.Bidirectional(layers.LSTM(U, stateful=True), name="bi_stateful")(x),
+        layers.Bidirectional(CumSum(), name="bi_cumsum")(x),
+        layers.Bidirectional(
+            layers.LSTM(U, go_backwards=True),
+            backward_layer=layers.LSTM(U),
+            name="bi_go_backwards",
+        )(x),
+        MyBidirectional(layers.GRU(U), name="bi_subclass")(x),
+        Block(U, name="block")(x),
+    ]
+    return keras.Model(x, outputs)
+
+
+def test_unconvertible_layers_kept_with_a_warning():
+    old = mixed_model()
+    with pytest.warns(UserWarning) as record:
+        new = convert_model(old)
+    messages = [str(w.message) for w in record if "convert_model" in str(w.message)]
+    assert len(messages) == len(UNCONVERTIBLE)
+    for name, reason in UNCONVERTIBLE.items():
+        assert any(f"'{name}'" in m and reason in m for m in messages), name
+
+    assert isinstance(new.get_layer("bi_ok"), MaskedBidirectional)
+    for name in ("bi_stateful", "bi_cumsum", "bi_go_backwards"):
+        assert type(new.get_layer(name)) is layers.Bidirectional
+    assert type(new.get_layer("bi_subclass")) is MyBidirectional
+    assert type(new.get_layer("block").bidi) is layers.Bidirectional
+    for layer in old.layers[1:]:
+        if layer.weights:
+            assert_same_weights(new.get_layer(layer.name), layer)
+    x = np.random.default_rng(3).standard_normal((B, T, 2)).astype("float32")
+    assert_same_predictions(new, old, x)
+
+
+def test_strict_raises_naming_every_unconvertible_layer():
+    with pytest.raises(ValueError, match="strict=True") as info:
+        convert_model(mixed_model(), strict=True)
+    for name in UNCONVERTIBLE:
+        assert f"'{name}'" in str(info.value)
+
+
+# ------------------------------------------------------- subclassed models
+
+
+class Tagger(keras.Model):
+    def __init__(self, wrapper=layers.Bidirectional, **kwargs):
+        super().__init__(**kwargs)
+        self.embed = layers.Embedding(V, E, mask_zero=True)
+        self.rnn = wrapper(layers.LSTM(U, return_sequences=True))
+        self.head = layers.Dense(3)
+
+    def call(self, ids):
+        return self.head(self.rnn(self.embed(ids)))
+
+
+def test_subclassed_model_refused_and_manual_swap_works():
+    ids = padded_ids(4)
+    old = Tagger()
+    expected = predict(old, ids)
+    with pytest.raises(ValueError, match="subclassed model") as info:
+        convert_model(old)
+    assert "set_weights(old_model.get_weights())" in str(info.value)
+    assert "self.rnn = maskedrnn.MaskedBidirectional" in str(info.value)
+
+    # The recipe from the error message.
+    new = Tagger(wrapper=MaskedBidirectional)
+    new(keras.Input((T,), dtype="int32"))  # builds it (as a call on a batch)
+    new.set_weights(old.get_weights())
+    np.testing.assert_allclose(predict(new, ids)[0], expected[0], atol=ATOL, rtol=1e-5)
+
+
+def test_argument_errors():
+    bidi = layers.Bidirectional(layers.LSTM(U))
+    with pytest.raises(TypeError, match="bidirectional_to_masked"):
+        convert_model(bidi)
+    with pytest.raises(TypeError, match="keras.Model"):
+        convert_model(layers.Dense(2))
+
+
+# ------------------------------------------------------------ single layer
+
+
+def test_bidirectional_to_masked_built_layer():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((B, T, 2)).astype("float32")
+    mask = padded_ids(5) != 0
+    bidi = layers.Bidirectional(
+        layers.LSTM(U, return_sequences=True, return_state=True, use_cudnn=False),
+        merge_mode="sum",
+        name="bi",
+    )
+    expected = to_np(flat(bidi(x, mask=mask)))
+
+    masked = bidirectional_to_masked(bidi)
+    assert isinstance(masked, MaskedBidirectional) and masked.built
+    assert masked.name == "bi" and masked.merge_mode == "sum"
+    assert masked.forward_layer.use_cudnn is False
+    assert_same_weights(masked, bidi)
+    actual = to_np(flat(masked(x, mask=mask)))
+    assert len(actual) == len(expected) == 5
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(a, e, atol=ATOL, rtol=1e-5)
+    masked.set_weights([np.zeros_like(w) for w in masked.get_weights()])
+    assert all(np.any(w != 0) for w in bidi.get_weights()[:2])
+
+
+def test_bidirectional_to_masked_unbuilt_layer():
+    bidi = layers.Bidirectional(
+        layers.GRU(U, return_sequences=True),
+        backward_layer=layers.GRU(U + 1, return_sequences=True, go_backwards=True),
+        merge_mode=None,
+    )
+    masked = bidirectional_to_masked(bidi)
+    assert not masked.built
+    config, old_config = masked.get_config(), bidi.get_config()
+    for key in ("name", "merge_mode", "layer", "trainable"):
+        assert config[key] == old_config[key], key
+    # A backward_layer given by the user keeps its name in Bidirectional and
+    # gets the prefix "backward_" in MaskedBidirectional; all else is equal.
+    backward, old_backward = config["backward_layer"], old_config["backward_layer"]
+    name, old_name = backward["config"].pop("name"), old_backward["config"].pop("name")
+    assert name == "backward_" + old_name
+    assert backward == old_backward
+    outputs = masked(keras.Input((T, 3)))
+    assert [tuple(o.shape) for o in outputs] == [(None, T, U), (None, T, U + 1)]
+
+
+def test_bidirectional_to_masked_errors():
+    with pytest.raises(TypeError, match="keras.layers.Bidirectional"):
+        bidirectional_to_masked(layers.LSTM(U))
+    stateful = layers.Bidirectional(layers.LSTM(U, stateful=True), name="bi_s")
+    with pytest.raises(ValueError, match="'bi_s'.*stateful=True"):
+        bidirectional_to_masked(stateful)
