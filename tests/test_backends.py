@@ -1,0 +1,285 @@
+"""Which backend RNN function runs inside `MaskedBidirectional`, and with what mask.
+
+The whole point of `MaskedBidirectional` is that its inner `LSTM`/`GRU` never
+see a mask, so Keras can hand them to the backend's fused kernel
+(`keras.src.backend.lstm` / `gru`: cuDNN on GPU, and on the PyTorch backend
+also a CPU loop with pre-computed input projections). A mask reaching them
+sends every backend to the generic step loop (`keras.src.backend.rnn`),
+which is ~45x slower on an H100. Outputs cannot show this (both paths give
+the same numbers), so these tests put spies on the backend functions the
+Keras layers look up at call time, record the `mask` each call receives, and
+delegate to the real function.
+
+Oracle for the spies themselves: Keras' own `Bidirectional` fed the same
+mask, whose inner layers must be seen passing that mask (otherwise a spy
+that never sees masks would make every "mask is None" assertion vacuous).
+
+Which function ends up computing on this machine (asserted below):
+
+| backend    | CPU                                     | GPU                       |
+|------------|-----------------------------------------|---------------------------|
+| tensorflow | `lstm`/`gru` decline -> `rnn` (no mask) | `lstm`/`gru` (cuDNN)      |
+| jax        | `lstm` declines -> `rnn` (no mask);     | `lstm` (cuDNN); `gru`     |
+|            | `gru` computes (`lax.scan`)             | (`lax.scan`)              |
+| torch      | `lstm`/`gru` compute (pure-torch loop)  | `lstm`/`gru` (cuDNN)      |
+
+With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
+device (TensorFlow's cuDNN path accepts right-padded masks only).
+"""
+
+import inspect
+
+import keras
+import keras.src.backend as keras_backend
+import numpy as np
+import pytest
+from keras.src.layers.rnn import gru as gru_module
+from keras.src.layers.rnn import lstm as lstm_module
+from keras.src.layers.rnn import rnn as rnn_module
+
+from maskedrnn import MaskedBidirectional
+from tests.helpers import to_np
+
+BACKEND = keras.backend.backend()
+B, T, D, U, VOCAB = 3, 5, 2, 3, 7
+
+# Token rows for Embedding(mask_zero=True): right-padded, left-padded, a hole.
+TOKENS = np.array(
+    [[1, 2, 3, 4, 5], [6, 1, 2, 0, 0], [0, 0, 3, 0, 4]],
+    dtype="int32",
+)
+LENGTHS = np.array([5, 3, 1], dtype="int32")
+
+
+def _gpu_here():
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return bool(tf.config.list_physical_devices("GPU"))
+    if BACKEND == "jax":
+        import jax
+
+        return jax.default_backend() == "gpu"
+    if BACKEND == "torch":
+        import torch
+
+        return torch.cuda.is_available()
+    return False
+
+
+def fused_without_mask(cell):
+    """Whether `backend.<cell>` computes itself when given mask=None here (else
+    it raises NotImplementedError and the layer falls back to `backend.rnn`):
+    always on torch (cuDNN on CUDA, a pure-torch loop on CPU) and for JAX's GRU
+    (a `lax.scan` with pre-computed input projections; JAX has no cuDNN GRU),
+    otherwise only on GPU (cuDNN)."""
+    if BACKEND == "torch" or (BACKEND == "jax" and cell == "gru"):
+        return True
+    return _gpu_here()
+
+
+class Spy:
+    """Replaces `keras.src.backend.<name>` by a recorder that delegates.
+
+    Each call appends a dict: `mask` (the object passed, None or a tensor),
+    `kernel` (the `kernel` keyword, which identifies the calling layer's
+    cell), and `outcome`: "computed" or "NotImplementedError" (the backend
+    declined and the layer falls back).
+    """
+
+    def __init__(self, monkeypatch, name):
+        self.name = name
+        self.calls = []
+        original = getattr(keras_backend, name)
+        signature = inspect.signature(original)
+
+        def spy(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            call = {
+                "mask": bound.arguments.get("mask"),
+                "kernel": bound.arguments.get("kernel"),
+            }
+            self.calls.append(call)
+            try:
+                out = original(*args, **kwargs)
+            except NotImplementedError:
+                call["outcome"] = "NotImplementedError"
+                raise
+            call["outcome"] = "computed"
+            return out
+
+        monkeypatch.setattr(keras_backend, name, spy)
+
+    def masks(self):
+        return [c["mask"] for c in self.calls]
+
+    def outcomes(self):
+        return [c["outcome"] for c in self.calls]
+
+    def clear(self):
+        self.calls.clear()
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    # The layers read these as attributes of the `keras.src.backend` module at
+    # call time (`from keras.src import backend` ... `backend.lstm(...)`), so
+    # that module attribute is the one to replace.
+    for module in (lstm_module, gru_module, rnn_module):
+        assert module.backend is keras_backend
+    return {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
+
+
+def make_rnn(cell, **kwargs):
+    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[cell]
+    return cls(U, return_sequences=True, **kwargs)
+
+
+def ours_and_keras(cell):
+    """MaskedBidirectional and keras Bidirectional with the same weights."""
+    ours = MaskedBidirectional(make_rnn(cell))
+    ref = keras.layers.Bidirectional(make_rnn(cell))
+    ours.build((None, None, D))
+    ref.build((None, None, D))
+    ref.set_weights(ours.get_weights())
+    return ours, ref
+
+
+def float_inputs(seed=0):
+    x = np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
+    mask = np.arange(T)[None, :] < LENGTHS[:, None]
+    return x, mask
+
+
+def assert_fast_path_taken(spies, cell, ours):
+    """Ours: both inner layers call `backend.<cell>` with mask=None, and the
+    generic loop runs exactly when the fused function declined, maskless."""
+    fused = spies[cell]
+    assert fused.calls, f"backend.{cell} was never called"
+    assert fused.masks() == [None] * len(fused.calls)
+    kernels = {id(c["kernel"]) for c in fused.calls}
+    inner = (ours.forward_layer, ours.backward_layer)
+    assert kernels == {id(layer.cell.kernel) for layer in inner}
+    expected = "computed" if fused_without_mask(cell) else "NotImplementedError"
+    assert fused.outcomes() == [expected] * len(fused.calls)
+    declined = fused.outcomes().count("NotImplementedError")
+    assert len(spies["rnn"].calls) == declined
+    assert spies["rnn"].masks() == [None] * declined
+    other = spies["gru" if cell == "lstm" else "lstm"]
+    assert other.calls == []
+
+
+def assert_keras_passed_mask(spies, cell, expected_mask=None):
+    """The contrast: keras Bidirectional's inner layers pass the mask on."""
+    fused = spies[cell]
+    assert len(fused.calls) >= 2
+    assert all(m is not None for m in fused.masks())
+    if expected_mask is not None:
+        for m in fused.masks():
+            np.testing.assert_array_equal(to_np(m), expected_mask)
+    # With a mask, torch and JAX always decline (TF declines on CPU); the
+    # generic loop then receives the same mask.
+    declined = fused.outcomes().count("NotImplementedError")
+    assert len(spies["rnn"].calls) == declined
+    assert all(m is not None for m in spies["rnn"].masks())
+    if expected_mask is not None:
+        for m in spies["rnn"].masks():
+            np.testing.assert_array_equal(to_np(m), expected_mask)
+
+
+# ------------------------------------------------------------------- eager
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("how", ["keras_mask", "mask", "lengths"])
+def test_eager_inner_rnns_get_no_mask(spies, cell, how):
+    ours, ref = ours_and_keras(cell)
+    if how == "keras_mask":
+        embedding = keras.layers.Embedding(VOCAB, D, mask_zero=True)
+        x = embedding(TOKENS)  # carries a Keras mask, which fills `mask=`
+        mask = TOKENS != 0
+        assert keras.src.backend.get_keras_mask(x) is not None
+        for spy in spies.values():
+            spy.clear()
+        y = ours(x)
+        kwargs = {}
+    else:
+        x, mask = float_inputs()
+        kwargs = {"mask": mask} if how == "mask" else {"lengths": LENGTHS}
+        y = ours(x, **kwargs)
+    assert_fast_path_taken(spies, cell, ours)
+    # And the fast path computed the masked result (oracle: Keras with mask).
+    for spy in spies.values():
+        spy.clear()
+    expected = ref(to_np(x), mask=mask)
+    assert_keras_passed_mask(spies, cell, expected_mask=mask)
+    np.testing.assert_allclose(to_np(y), to_np(expected), atol=1e-5)
+
+
+def test_generic_cell_gets_a_right_padded_mask(spies):
+    """`RNN(LSTMCell)` has no fused kernel to keep: ours gives the generic
+    loop a right-padded mask (valid steps moved to the front)."""
+    ours = MaskedBidirectional(
+        keras.layers.RNN(keras.layers.LSTMCell(U), return_sequences=True)
+    )
+    assert not ours.uses_fast_path
+    x = np.random.default_rng(2).standard_normal((B, T, D)).astype("float32")
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]], bool)
+    ours(x, mask=mask)
+    assert spies["lstm"].calls == []
+    right_padded = np.arange(T)[None, :] < mask.sum(1)[:, None]
+    assert len(spies["rnn"].calls) == 2
+    for m in spies["rnn"].masks():
+        np.testing.assert_array_equal(to_np(m), right_padded)
+
+
+# -------------------------------------------------------- compiled training
+
+
+def one_fit_step(model, inputs, target):
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.fit(inputs, target, epochs=1, batch_size=B, verbose=0)
+
+
+def build_model(wrapper, how):
+    """A Functional model around `wrapper`, fed as `how` says."""
+    if how == "keras_mask":
+        tokens = keras.Input((T,), dtype="int32")
+        x = keras.layers.Embedding(VOCAB, D, mask_zero=True)(tokens)
+        y = wrapper(x)
+        inputs, data = tokens, TOKENS
+    elif how == "mask":
+        seq = keras.Input((T, D))
+        mask = keras.Input((T,), dtype="bool")
+        y = wrapper(seq, mask=mask)
+        x, m = float_inputs()
+        inputs, data = [seq, mask], [x, m]
+    else:
+        seq = keras.Input((T, D))
+        lengths = keras.Input((), dtype="int32")
+        y = wrapper(seq, lengths=lengths)
+        inputs, data = [seq, lengths], [float_inputs()[0], LENGTHS]
+    out = keras.layers.Dense(1)(y)
+    return keras.Model(inputs, out), data
+
+
+@pytest.mark.parametrize(
+    "cell, how",
+    [("lstm", "keras_mask"), ("lstm", "lengths"), ("gru", "mask")],
+)
+def test_fit_step_inner_rnns_get_no_mask(spies, cell, how):
+    ours = MaskedBidirectional(make_rnn(cell))
+    model, data = build_model(ours, how)
+    for spy in spies.values():
+        spy.clear()
+    one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
+    assert_fast_path_taken(spies, cell, ours)
+
+
+def test_fit_step_keras_bidirectional_passes_the_mask(spies):
+    ref = keras.layers.Bidirectional(make_rnn("lstm"))
+    model, data = build_model(ref, "keras_mask")
+    for spy in spies.values():
+        spy.clear()
+    one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
+    assert_keras_passed_mask(spies, "lstm")

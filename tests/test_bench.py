@@ -1,0 +1,243 @@
+"""`python -m maskedrnn.bench`: runs end to end, and times the right computations.
+
+No timing is asserted (speed lives in docs/benchmarks.md). What is checked:
+the JSON holds one row per implementation and mode with its timings, the
+ratios are the ratios of those medians, and every implementation the
+benchmark times was first checked against an oracle on the benchmark's own
+data: Keras' `Bidirectional` fed the mask (and on torch PyTorch's packed
+`nn.LSTM`/`nn.GRU`, an independent implementation with converted weights).
+The unmasked ceilings must *differ* from it on padded rows, which proves the
+check can see a wrong computation.
+"""
+
+import json
+import runpy
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from maskedrnn import bench
+
+BACKEND = keras.backend.backend()
+TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
+QUICK = ["--repeats", "2", "--warmup", "1", "--no-progress", "--seed", "0"]
+ALL_IMPLS = [n for n in bench.IMPLS if BACKEND == "torch" or n not in bench.TORCH_ONLY]
+MATCH_ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def lstm_run(tmp_path_factory):
+    """One end-to-end run (LSTM, both modes, every implementation)."""
+    path = tmp_path_factory.mktemp("bench") / "lstm.json"
+    returned = bench.main(TINY + QUICK + ["--json", str(path)])
+    with open(path) as f:
+        return json.load(f), returned
+
+
+def by_case(results):
+    return {(r["impl"], r["mode"]): r for r in results["rows"]}
+
+
+def test_json_has_every_row_with_its_timings(lstm_run):
+    results, returned = lstm_run
+    assert results == json.loads(json.dumps(returned))  # the file is the result
+    config = results["config"]
+    assert config["backend"] == BACKEND
+    assert (config["batch"], config["time"], config["features"]) == (4, 6, 3)
+    assert config["units"] == 4 and config["impls"] == ALL_IMPLS
+    assert config["padding_fraction"] > 0  # the checks below need padded rows
+    rows = by_case(results)
+    assert set(rows) == {(n, m) for n in ALL_IMPLS for m in ("train", "infer")}
+    for row in results["rows"]:
+        times = np.asarray(row["times_ms"])
+        assert len(times) == 2 and np.all(times > 0)
+        assert row["median_ms"] == pytest.approx(np.median(times))
+        assert row["min_ms"] == pytest.approx(times.min())
+        assert row["p25_ms"] <= row["median_ms"] <= row["p75_ms"]
+
+
+def test_ratios_are_ratios_of_the_medians(lstm_run):
+    results, _ = lstm_run
+    rows = by_case(results)
+    baselines = [n for n in bench.BASELINES if n in ALL_IMPLS]
+    for mode in ("train", "infer"):
+        ratios = results["ratios"][mode]
+        expected_keys = {f"{o}/{b}" for o in bench.OURS for b in baselines}
+        assert set(ratios) == expected_keys
+        for key, value in ratios.items():
+            ours, base = key.split("/")
+            expected = rows[ours, mode]["median_ms"] / rows[base, mode]["median_ms"]
+            assert value == pytest.approx(expected, rel=1e-12)
+
+
+def test_timed_implementations_compute_the_masked_result(lstm_run):
+    results, _ = lstm_run
+    for row in results["rows"]:
+        assert row["reference"] == "keras_masked"
+        if row["impl"] in bench.CEILINGS:
+            continue
+        assert row["expected_to_match"]
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        if row["mode"] == "train":
+            assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+            covers = "inputs" if row["impl"] in bench.TORCH_ONLY else "inputs+weights"
+            assert row["grad_diff_covers"] == covers
+        else:
+            assert "max_abs_grad_diff" not in row
+        if BACKEND == "torch" and row["impl"] in bench.OURS:
+            # Second, independent oracle: PyTorch's packed bidirectional RNN.
+            assert row["max_abs_diff_torch_packed"] < MATCH_ATOL
+            if row["mode"] == "train":
+                assert row["max_abs_grad_diff_torch_packed"] < MATCH_ATOL
+
+
+def test_unmasked_ceilings_differ_on_padded_rows(lstm_run):
+    results, _ = lstm_run
+    ceilings = [r for r in results["rows"] if r["impl"] in bench.CEILINGS]
+    assert ceilings
+    for row in ceilings:
+        assert not row["expected_to_match"]
+        assert row["max_abs_diff"] > 1e-3, row
+        if row["mode"] == "train":
+            assert row["max_abs_grad_diff"] > 1e-3, row
+
+
+def test_table_lists_every_row_and_ratio(lstm_run, capsys):
+    results, _ = lstm_run
+    table = bench.format_table(results)
+    lines = table.splitlines()
+    for name in ALL_IMPLS:
+        for mode in ("train", "infer"):
+            assert any(line.split()[:2] == [mode, name] for line in lines)
+    ratio = results["ratios"]["train"]["maskedrnn/keras_masked"]
+    assert f"maskedrnn/keras_masked = {ratio:.2f}" in table
+
+
+def test_plot_writes_a_png(lstm_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    results, _ = lstm_run
+    path = tmp_path / "bench.png"
+    bench.plot(results, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_fails_early_and_says_how(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        bench.main(TINY + QUICK + ["--plot", str(tmp_path / "x.png")])
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_gru_subset_is_checked_against_an_untimed_reference(tmp_path):
+    """--impl without keras_masked: the reference still runs (untimed), and
+    the GRU path (and on torch the GRU weight conversion) is checked."""
+    impls = ["maskedrnn", "keras_unmasked"]
+    if BACKEND == "torch":
+        impls.append("torch_packed")
+    argv = TINY + QUICK + ["--cell", "gru", "--mode", "infer", "--impl", *impls]
+    results = bench.main(argv + ["--lengths", "fixed:2"])
+    rows = by_case(results)
+    assert set(rows) == {(n, "infer") for n in impls}
+    assert results["config"]["mean_length"] == 2
+    for name in impls:
+        diff = rows[name, "infer"]["max_abs_diff"]
+        if name in bench.CEILINGS:
+            assert diff > 1e-3
+        else:
+            assert diff < MATCH_ATOL
+    assert set(results["ratios"]["infer"]) == {
+        f"maskedrnn/{n}" for n in impls if n in bench.BASELINES
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("full", [6, 6, 6, 6]), ("fixed:3", [3, 3, 3, 3]), ("fixed:6", [6] * 4)],
+)
+def test_parse_lengths_fixed(spec, expected):
+    lengths = bench.parse_lengths(spec, batch=4, time=6)
+    assert lengths.dtype == np.int32
+    np.testing.assert_array_equal(lengths, expected)
+
+
+def test_parse_lengths_uniform_bounds_and_seed():
+    time = 100
+    lengths = bench.parse_lengths("uniform:0.2", batch=5000, time=time, seed=3)
+    # Oracle: integers uniform on [ceil(0.2 * 100), 100] = [20, 100].
+    assert lengths.min() == 20 and lengths.max() == time
+    assert abs(lengths.mean() - 60) < 1.0
+    again = bench.parse_lengths("uniform:0.2", batch=5000, time=time, seed=3)
+    np.testing.assert_array_equal(lengths, again)
+    tiny = bench.parse_lengths("uniform:0.01", batch=200, time=10, seed=0)
+    assert tiny.min() == 1  # never an empty row: PyTorch cannot pack it
+    np.testing.assert_array_equal(
+        bench.parse_lengths("uniform:1", batch=3, time=7), [7, 7, 7]
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", ["fixed:0", "fixed:7", "fixed:2.5", "uniform:0", "uniform:1.5", "zipf"]
+)
+def test_parse_lengths_rejects_bad_specs(spec):
+    with pytest.raises(ValueError, match="--lengths"):
+        bench.parse_lengths(spec, batch=4, time=6)
+
+
+def test_bad_arguments_exit_with_the_argument_named():
+    with pytest.raises(SystemExit, match="--lengths"):
+        bench.main(TINY + QUICK + ["--lengths", "fixed:9"])
+    with pytest.raises(SystemExit, match="--warmup must be >= 1"):
+        bench.main(TINY + ["--warmup", "0", "--no-progress"])
+    with pytest.raises(SystemExit, match="--batch must be >= 1"):
+        bench.main(TINY + QUICK + ["--batch", "0"])
+    with pytest.raises(SystemExit, match="--threads must be >= 1"):
+        bench.main(TINY + QUICK + ["--threads", "0"])
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="torch_* implementations run here")
+def test_torch_implementations_need_the_torch_backend():
+    with pytest.raises(SystemExit, match="only on the torch backend"):
+        bench.main(TINY + QUICK + ["--impl", "maskedrnn", "torch_packed"])
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="JAX-specific --threads rule")
+def test_jax_threads_must_be_set_before_jax_starts():
+    import jax.numpy as jnp
+
+    jnp.zeros(1).block_until_ready()  # JAX has started in this process
+    with pytest.raises(SystemExit, match="XLA_FLAGS"):
+        bench.main(TINY + QUICK + ["--threads", "1"])
+    with pytest.raises(SystemExit, match="only --threads 1"):
+        bench.main(TINY + QUICK + ["--threads", "2"])
+
+
+def test_gpu_request_without_gpu_is_refused():
+    if bench._gpu_available(BACKEND):
+        pytest.skip("a GPU is visible to this backend")
+    with pytest.raises(SystemExit, match="no GPU is visible"):
+        bench.main(TINY + QUICK + ["--device", "gpu"])
+
+
+def test_runs_as_a_module(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["python -m maskedrnn.bench", "--help"])
+    monkeypatch.delitem(sys.modules, "maskedrnn.bench")  # as a fresh `-m` run
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("maskedrnn.bench", run_name="__main__")
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--cell", "--lengths", "--impl", "--plot", "--json", "--preset"):
+        assert option in out
+
+
+def test_gpu_preset_is_the_reference_size():
+    # B=64 T=100 D=512 U=512: the size of the H100 figures in the project brief
+    # (/work/shared/gpu/README.md), so that GPU runs compare with them.
+    gpu = bench.PRESETS["gpu"]
+    assert [gpu[k] for k in ("batch", "time", "features", "units")] == [
+        64,
+        100,
+        512,
+        512,
+    ]
