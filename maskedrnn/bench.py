@@ -382,6 +382,8 @@ class _JaxHarness:
         return np.asarray(tensor)
 
     def describe_device(self):
+        if self.device.platform == "cpu":
+            return "cpu"
         return f"{self.device.platform}: {self.device.device_kind}"
 
 
@@ -586,7 +588,6 @@ def run(args):
     w_np = rng.standard_normal((b, t, 2 * u)).astype("float32")
 
     harness = _HARNESSES[backend](gpu)
-    keras.utils.set_random_seed(args.seed)
     # "cpu"/"gpu" without an index: on the torch backend (Keras 3.15)
     # keras.device("cpu:0") makes layers unbuildable (Variable.to("cpu:0")
     # drops the Parameter wrapper of the integer seed-generator state).
@@ -599,7 +600,15 @@ def run(args):
         ours = MaskedBidirectional(_make_cell(args.cell, u))
         keras_layer.build((None, None, d))
         ours.build((None, None, d))
-        ours.set_weights(keras_layer.get_weights())
+        # Weights from --seed, the same on every backend, different in each
+        # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
+        bound = 1 / math.sqrt(u)
+        weights = [
+            rng.uniform(-bound, bound, tuple(v.shape)).astype("float32")
+            for v in keras_layer.weights
+        ]
+        keras_layer.set_weights(weights)
+        ours.set_weights(weights)
 
         def make_step(name, mode):
             if name == "maskedrnn":
@@ -756,6 +765,8 @@ def _environment(backend, harness):
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "device": harness.describe_device(),
+        # Other work on the machine skews timings; worth knowing afterwards.
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]
     env[module] = sys.modules[module].__version__
@@ -836,17 +847,12 @@ def plot(results, path):
             [r["p75_ms"] - r["median_ms"] for r in rows],
         ]
         ax.errorbar(values, range(len(rows)), xerr=errors, fmt="none", color="k")
-        for bar, v in zip(bars, values):
-            ax.text(
-                v,
-                bar.get_y() + bar.get_height() / 2,
-                f" {v:.1f}",
-                va="center",
-                fontsize=8,
-            )
+        for bar, row in zip(bars, rows):
+            y = bar.get_y() + bar.get_height() / 2
+            ax.text(row["p75_ms"], y, f"  {row['median_ms']:.1f}", va="center")
         title = "forward + backward" if mode == "train" else "forward"
         ax.set_title(f"{title} (median ms, IQR)", fontsize=10)
-        ax.set_xlim(0, max(values) * 1.25)
+        ax.set_xlim(0, max(r["p75_ms"] for r in rows) * 1.3)
     fig.suptitle(
         f"{c['backend']} ({results['environment']['device']}), "
         f"{c['cell'].upper()} B={c['batch']} T={c['time']} D={c['features']} "
