@@ -392,3 +392,14 @@ def test_bidirectional_to_masked_errors():
     stateful = layers.Bidirectional(layers.LSTM(U, stateful=True), name="bi_s")
     with pytest.raises(ValueError, match="'bi_s'.*stateful=True"):
         bidirectional_to_masked(stateful)
+
+
+def test_unbuilt_model_with_built_layers_asks_to_build_first():
+    embed = layers.Embedding(V, E)
+    embed.build((None, T))  # weights exist, but the model has no input shape
+    old = keras.Sequential([embed, layers.Bidirectional(layers.GRU(U))])
+    assert not old.built
+    with pytest.raises(ValueError, match="Build the model first"):
+        convert_model(old)
+    old.build((None, T))
+    assert isinstance(convert_model(old).layers[1], MaskedBidirectional)
