@@ -281,6 +281,33 @@ def _check_int(name, value, low):
         raise ValueError(f"{name} must be >= {low}; got {value}.")
 
 
+def _settings(task, epochs, batch_size, padding, seed, units, quick, save_path):
+    """Checks `run_demo`'s arguments; returns the resolved hyper-parameters."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}; got {task!r}.")
+    if padding not in ("pre", "post"):
+        raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
+    settings = dict(_DEFAULTS[task])
+    if quick:
+        settings.update(_QUICK[task])
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if value is not None:
+            _check_int(name, value, 1)
+            settings[name] = int(value)
+    if units is not None:
+        _check_int("units", units, 1)
+        settings["units"] = int(units)
+    _check_int("seed", seed, 0)
+    if save_path is not None:
+        save_path = os.fspath(save_path)
+        if not save_path.endswith(".keras"):
+            raise ValueError(
+                f"save_path (--save) must end with '.keras'; got {save_path!r}."
+            )
+    settings["save_path"] = save_path
+    return settings
+
+
 def run_demo(
     task="vowels",
     epochs=None,
@@ -364,28 +391,13 @@ def run_demo(
     Raises:
         ValueError: for an invalid argument; the message names it.
     """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}; got {task!r}.")
-    if padding not in ("pre", "post"):
-        raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
-    settings = dict(_DEFAULTS[task])
-    if quick:
-        settings.update(_QUICK[task])
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if value is not None:
-            _check_int(name, value, 1)
-            settings[name] = int(value)
-    if units is not None:
-        _check_int("units", units, 1)
-        settings["units"] = int(units)
-    _check_int("seed", seed, 0)
-    if save_path is not None:
-        save_path = os.fspath(save_path)
-        if not save_path.endswith(".keras"):
-            raise ValueError(f"save_path must end with '.keras'; got {save_path!r}.")
+    settings = _settings(
+        task, epochs, batch_size, padding, seed, units, quick, save_path
+    )
     epochs = settings["epochs"]
     batch_size = settings["batch_size"]
     units = settings["units"]
+    save_path = settings["save_path"]
 
     np.random.seed(seed)
     if task == "vowels":
@@ -614,19 +626,21 @@ def main(argv=None):
     """
     parser = _parser()
     args = parser.parse_args(argv)
+    kwargs = {
+        "task": args.task,
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "padding": args.padding,
+        "seed": args.seed,
+        "units": args.units,
+        "quick": args.quick,
+        "save_path": args.save,
+    }
     try:
-        results = run_demo(
-            task=args.task,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            padding=args.padding,
-            seed=args.seed,
-            units=args.units,
-            quick=args.quick,
-            save_path=args.save,
-        )
+        _settings(**kwargs)
     except ValueError as error:
         parser.error(str(error))
+    results = run_demo(**kwargs)
     if not results["reload"]["ok"]:
         print(
             "error: the reloaded model's predictions differ from the in-memory ones.",

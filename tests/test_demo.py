@@ -181,6 +181,7 @@ def test_cli_rejects_invalid_option_with_usage_error(capsys):
     assert "epochs" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~25 s of CPU: a fresh interpreter plus a quick run
 @pytest.mark.skipif(
     BACKEND != "tensorflow",
     reason="the command line runs once, under the TensorFlow suite, to save time",
