@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import convert, datasets, ops
+from maskedrnn import convert, datasets, export, ops
+from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.layers import MaskedBidirectional
 from maskedrnn.losses import MaskedLoss, masked_loss
 from maskedrnn.metrics import (
@@ -17,8 +18,11 @@ __all__ = [
     "MaskedLoss",
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
+    "bidirectional_to_masked",
     "convert",
+    "convert_model",
     "datasets",
+    "export",
     "masked_loss",
     "ops",
 ]

@@ -29,13 +29,14 @@ def _time_index(x, axis):
 def _gather_time(x, index):
     """Gathers `x[b, index[b, t], ...]` for a `(batch, time)` index on axis 1.
 
-    The index gets trailing unit axes and `take_along_axis` broadcasts them
-    over the feature axes (checked on TensorFlow, JAX and PyTorch).
+    A row gather on the `(batch * time, ...)` view: measurably faster than
+    `take_along_axis`, which broadcasts the index over the feature axes.
     """
-    index = ops.cast(index, "int32")
-    for _ in range(len(x.shape) - 2):
-        index = ops.expand_dims(index, -1)
-    return ops.take_along_axis(x, index, axis=1)
+    shape = ops.shape(x)
+    batch, time = shape[0], shape[1]
+    flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
+    offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
+    return ops.take(flat, ops.cast(index, "int32") + offsets, axis=0)
 
 
 def reverse_sequence(x, lengths, axis=1):
@@ -265,15 +266,34 @@ def linear_recurrence_last(a, b, lengths, initial):
     # Steps past a row's length become the identity map c -> 1 * c + 0.
     a = ops.where(valid, a, ops.ones_like(a))
     b = ops.where(valid, b, ops.zeros_like(b))
-    if isinstance(a.shape[1], int):
-        # Static time axis (always the case on JAX and PyTorch): unrolled levels.
+    time = a.shape[1]
+    if isinstance(time, int):
+        # Static time axis (the usual case on every backend): unrolled levels.
+        if time == 0:
+            return initial
         while a.shape[1] > 1:
             a, b = _combine_adjacent(a, b)
-    else:
-        # Dynamic time axis (TensorFlow graphs with a None time dimension).
+        return a[:, 0] * initial + b[:, 0]
+    if time is None:
+        # Unknown time axis in a TensorFlow graph: a differentiable while loop.
         a, b = ops.while_loop(
             lambda a, b: ops.shape(a)[1] > 1, _combine_adjacent, (a, b)
         )
-    if a.shape[1] == 0:
-        return initial
-    return a[:, 0] * initial + b[:, 0]
+        return a[:, 0] * initial + b[:, 0]
+    # A symbolic dimension (jax.export with a dynamic time axis): no Python
+    # branch on its value and no while loop (JAX cannot differentiate one),
+    # so a fixed-shape Hillis-Steele prefix scan with enough levels for any
+    # length below 2**31; levels past the length shift in identity maps only.
+    for level in range(31):
+        a_prev = _shift_right(a, 2**level, 1.0)
+        b_prev = _shift_right(b, 2**level, 0.0)
+        a, b = a * a_prev, a * b_prev + b
+    return a[:, -1] * initial + b[:, -1]
+
+
+def _shift_right(x, steps, fill):
+    """`x` shifted right by `steps` (static) along axis 1, filled with `fill`."""
+    y = ops.concatenate([ops.full_like(x, fill), x], axis=1)
+    time = ops.convert_to_tensor(ops.shape(x)[1], "int32")
+    start = ops.maximum(time - steps, 0)
+    return ops.slice(y, [0, start] + [0] * (len(x.shape) - 2), ops.shape(x))

@@ -314,13 +314,6 @@ def test_jax_saved_model_with_fixed_time_matches_keras(model, jax_exports):
 
 @tf_only
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="maskedrnn.ops.linear_recurrence_last (LSTM cell state) takes its "
-    "while_loop branch when the time axis is symbolic, and jax.export cannot "
-    "decide `shape(a)[1] > 1` on a symbolic dimension "
-    "(InconclusiveDimensionOperation)",
-)
 def test_jax_saved_model_with_dynamic_time_matches_keras(model, jax_exports):
     workdir, errors = jax_exports
     assert errors["dynamic"] is None, errors["dynamic"]

@@ -379,7 +379,8 @@ class MaskedBidirectional(keras.layers.Layer):
         """Runs one direction on valid-first data; returns (sequence, states).
 
         The sequence holds the exact outputs at valid steps (garbage after
-        them); the states are those after each row's last valid step.
+        them); the states are those after each row's last valid step (an
+        empty list when the layer does not return states).
         """
         if not self.uses_fast_path:
             # No fused kernel to keep: give the inner RNN a right-padded mask.
@@ -405,6 +406,9 @@ class MaskedBidirectional(keras.layers.Layer):
                 for size in _state_sizes(inner)
             ]
         y, *_ = inner(x, initial_state=initial_state, training=training)
+        if not self.return_state:
+            # The outputs are all the caller needs; skip the state work.
+            return y, []
         has_steps = ops.expand_dims(lengths > 0, -1)
         h = _take_at(y, ops.maximum(lengths - 1, 0))
         h = ops.where(has_steps, h, ops.cast(initial_state[0], h.dtype))
