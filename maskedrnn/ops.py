@@ -275,11 +275,21 @@ def linear_recurrence_last(a, b, lengths, initial):
             a, b = _combine_adjacent(a, b)
         return a[:, 0] * initial + b[:, 0]
     if time is None:
-        # Unknown time axis in a TensorFlow graph: a differentiable while loop.
-        a, b = ops.while_loop(
-            lambda a, b: ops.shape(a)[1] > 1, _combine_adjacent, (a, b)
+        # Unknown time axis in a TensorFlow graph: a differentiable while loop
+        # over a constant-shape Hillis-Steele prefix scan (XLA needs loop
+        # bodies that keep shapes, and a bound on the iterations).
+        def level(steps, a, b):
+            a_prev = _shift_right(a, steps, 1.0)
+            b_prev = _shift_right(b, steps, 0.0)
+            return steps * 2, a * a_prev, a * b_prev + b
+
+        _, a, b = ops.while_loop(
+            lambda steps, a, b: steps < ops.shape(a)[1],
+            level,
+            (ops.convert_to_tensor(1, "int32"), a, b),
+            maximum_iterations=31,
         )
-        return a[:, 0] * initial + b[:, 0]
+        return a[:, -1] * initial + b[:, -1]
     # A symbolic dimension (jax.export with a dynamic time axis): no Python
     # branch on its value and no while loop (JAX cannot differentiate one),
     # so a fixed-shape Hillis-Steele prefix scan with enough levels for any

@@ -5,9 +5,7 @@ bad input raises as early as it can be seen (construction, build, trace or
 call), naming the argument and the fix; where a check can only run on values
 inside compiled code (`tf.function`, XLA, `jax.jit`, `torch.compile`), the
 affected rows must come out as an error or as NaN, never as silently wrong
-numbers. Tests marked `xfail(strict=True)` pin that rule where the layer does
-not meet it yet; each reason names the fix (see docs/errors.md, "Open
-gaps").
+numbers (NaN in every output and state of the affected rows).
 
 Oracles: `keras.layers.Bidirectional(..., use_cudnn=False)` given the same
 weights and mask (what a valid input must give, and how Keras itself treats
@@ -139,13 +137,6 @@ def test_lengths_of_non_integer_dtype_raise(dtype):
         model.predict([inputs(), np.ones((B,), dtype)], verbose=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Keras builds Functional graphs from compute_output_shape, so no "
-    "argument check runs until the first batch; fix: override "
-    "compute_output_spec to run the static checks of _check_lengths / "
-    "_check_mask (rank, dtype, known sizes) before super().compute_output_spec",
-)
 def test_lengths_of_non_integer_dtype_raise_when_the_model_is_built():
     x = keras.Input((None, D))
     lengths = keras.Input((), dtype="float32")
@@ -179,14 +170,7 @@ def test_lengths_with_wrong_batch_size_raise_eagerly_and_at_trace_time():
 @pytest.mark.parametrize(
     "rows",
     [
-        pytest.param(
-            1,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a 1-row lengths broadcasts over a None batch: wrap "
-                "lengths in _checks.match_leading_dims(lengths, x, 1, 'lengths')",
-            ),
-        ),
+        1,
         2,
         5,
     ],
@@ -240,13 +224,6 @@ def test_mask_of_non_numeric_dtype_raises():
     reason="on JAX and PyTorch Keras converts call arguments before `call` and "
     "raises its own ValueError for a string array; only TF reaches our check",
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="_check_mask converts any dtype with not_equal(mask, 0) and TF "
-    "raises \"dtype='string' is not a valid dtype for Keras type promotion\"; "
-    "fix: raise ValueError('mask must be boolean (or numeric, non-zero = "
-    "valid)...') when the dtype is not bool, int or float",
-)
 def test_mask_of_non_numeric_dtype_error_names_the_mask():
     with pytest.raises(ValueError, match="mask must be boolean"):
         layer()(inputs(), mask=np.full((B, T), "a"))
@@ -274,14 +251,7 @@ def test_mask_of_wrong_size_raises(shape, message):
 @pytest.mark.parametrize(
     "shape",
     [
-        pytest.param(
-            (1, T),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a 1-row mask broadcasts over a None batch: wrap it in "
-                "_checks.match_leading_dims(mask, x, 2, 'mask')",
-            ),
-        ),
+        (1, T),
         (B, T - 1),
         (B, T + 1),  # CPU gather raises; GPU gather would read zeros (see docs)
     ],
@@ -393,13 +363,6 @@ def test_empty_batch_returns_empty_outputs_like_keras(kind, how):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="passes on JAX and PyTorch")
-@pytest.mark.xfail(
-    strict=True,
-    reason="TF eager: Keras' LSTM cell fails on a batch of 0 (ops.add mistakes "
-    "the (0, 4U) gates for a bias); fix: when the static batch is 0, return "
-    "zeros of compute_output_shape (states: initial_state or zeros) without "
-    "calling the inner RNNs",
-)
 def test_empty_batch_returns_empty_outputs_on_tensorflow_eager_lstm():
     assert_close(layer("lstm")(inputs(batch=0)), _empty_batch_expected("lstm"))
 
@@ -415,13 +378,6 @@ def test_empty_batch_in_a_graph_returns_empty_outputs():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no feature-size check: the inner cell's matmul fails with a "
-    "backend message (as in keras.layers.Bidirectional); fix: in build, "
-    "store inputs_shape[-1] and in call raise ValueError('inputs has F "
-    "features but the layer was built for D...') when the static size differs",
-)
 def test_inputs_with_other_feature_size_than_built_raise_naming_inputs():
     wrapped = layer()
     with pytest.raises(ValueError, match="features"):
@@ -460,13 +416,6 @@ def test_initial_state_with_wrong_count_raises():
         layer("lstm")(inputs(), initial_state=[np.zeros((B, U), "float32")] * 2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state shapes are not checked; the inner cell fails with a backend "
-    "matmul/broadcast message (as in keras.layers.Bidirectional); fix: in "
-    "_split_initial_state compare each static shape with (batch, state_size) "
-    "and raise ValueError naming initial_state[i]",
-)
 @pytest.mark.parametrize("shape", [(B, U + 1), (B + 1, U)])
 def test_initial_state_with_wrong_shape_raises_naming_it(shape):
     with pytest.raises(ValueError, match="initial_state"):
@@ -491,13 +440,6 @@ def test_inner_layer_that_is_not_an_rnn_is_refused_at_construction(inner):
         MaskedBidirectional(inner())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ConvLSTM1D/2D/3D subclass keras.layers.RNN, so they pass the "
-    "constructor and fail at build with 'Add a feature axis ... for rank 2 "
-    "inputs' (misleading); fix: refuse ConvLSTM in __init__ and point to "
-    "keras.layers.Bidirectional",
-)
 def test_conv_lstm_is_refused_at_construction():
     with pytest.raises(ValueError, match="layer"):
         MaskedBidirectional(keras.layers.ConvLSTM1D(2, 3))
@@ -508,14 +450,6 @@ def test_merge_mode_unknown_is_refused_at_construction():
         MaskedBidirectional(keras.layers.GRU(U), merge_mode="max")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sum/mul/ave need equal forward and backward output sizes; today "
-    "the merge fails at call time with a backend broadcasting error (as in "
-    "keras.layers.Bidirectional); fix: compare layer.units and "
-    "backward_layer.units (or the built output sizes) in __init__/build and "
-    "raise ValueError naming merge_mode",
-)
 @pytest.mark.parametrize("merge_mode", ["sum", "mul", "ave"])
 def test_merge_mode_needing_equal_sizes_refuses_unequal_layers(merge_mode):
     with pytest.raises(ValueError, match="merge_mode"):
@@ -598,15 +532,6 @@ def _served(model, lengths, bad_rows):
         pytest.param(
             True,
             marks=[
-                pytest.mark.xfail(
-                    strict=True,
-                    reason="XLA and jax.jit clamp the gather index (JAX also "
-                    "fills NaN into some outputs but not the forward cell "
-                    "state), inductor reads the next row's memory, a negative "
-                    "length reads as an empty row: numbers come out silently; "
-                    "fix: clamp and poison (_checks.invalid_lengths, "
-                    "clamp_lengths, poison_rows)",
-                ),
                 pytest.mark.slow,
             ],
         ),
@@ -621,12 +546,6 @@ def test_out_of_range_lengths_in_a_served_model_are_loud(jit_compile):
     _served(lengths_model(jit_compile), COMPILED_LENGTHS, BAD_ROWS)
 
 
-@pytest.mark.xfail(
-    BACKEND == "tensorflow",
-    strict=True,
-    reason="in tf.function a negative length reads as 0 (an empty row: zeros "
-    "and the initial state) silently; fix: poison_rows",
-)
 def test_negative_lengths_in_a_served_model_are_loud():
     """Alone (no too-long row to make TF's gather raise)."""
     _served(lengths_model(False), np.array([2, -1, 1, 0], "int32"), [1])

@@ -180,14 +180,6 @@ def test_xla_fit_and_predict_match_eager(kind, by, states):
 
 
 @only("tensorflow")
-@pytest.mark.xfail(
-    strict=True,
-    reason="a new time length makes Keras retrace with time=None; "
-    "ops.linear_recurrence_last (LSTM cell state) then halves the time axis "
-    "inside ops.while_loop, which XLA refuses ('Input and output shapes of "
-    "loop body do not match'); fix: a constant-shape doubling scan in its "
-    "dynamic branch (docs/errors.md)",
-)
 def test_xla_fit_with_a_new_time_length_per_batch():
     """Bucketed data: each batch has its own time length."""
     _assert_fit_and_predict_match_eager("lstm", "lengths", True, [(4, 5), (4, 7)])

@@ -5,9 +5,10 @@ import copy
 import keras
 from keras import ops
 from keras.src.backend import get_keras_mask
+from keras.src.layers.rnn.conv_lstm import ConvLSTM
 from keras.src.saving import serialization_lib
 
-from maskedrnn import _backend
+from maskedrnn import _backend, _checks
 from maskedrnn import ops as mops
 
 _MERGE_MODES = ("concat", "sum", "mul", "ave", None)
@@ -188,6 +189,12 @@ class MaskedBidirectional(keras.layers.Layer):
                 "instance such as keras.layers.LSTM(64) or "
                 f"keras.layers.GRU(64). Received: layer={layer!r}"
             )
+        if isinstance(layer, ConvLSTM) or isinstance(backward_layer, ConvLSTM):
+            raise ValueError(
+                "MaskedBidirectional wraps RNNs over (batch, time, features) "
+                "inputs; ConvLSTM1D/2D/3D take images per step. Use "
+                "keras.layers.Bidirectional for ConvLSTM layers."
+            )
         if backward_layer is not None and not isinstance(
             backward_layer, keras.layers.RNN
         ):
@@ -236,7 +243,18 @@ class MaskedBidirectional(keras.layers.Layer):
         base = _strip_prefix(source.name, "backward_")
         self.backward_layer = _inner_copy(source, f"backward_{base}")
 
+        if merge_mode in ("sum", "mul", "ave"):
+            fwd_size = _output_size(self.forward_layer)
+            bwd_size = _output_size(self.backward_layer)
+            if fwd_size != bwd_size:
+                raise ValueError(
+                    f'merge_mode="{merge_mode}" adds or multiplies the two '
+                    f"directions, which needs equal output sizes; got {fwd_size} "
+                    f"for layer and {bwd_size} for backward_layer. Use "
+                    'merge_mode="concat" or None, or equal units.'
+                )
         self.merge_mode = merge_mode
+        self._input_features = None
         self.return_sequences = layer.return_sequences
         self.return_state = layer.return_state
         self.stateful = False
@@ -261,6 +279,7 @@ class MaskedBidirectional(keras.layers.Layer):
                 f"{len(inputs_shape)}). Add a feature axis (e.g. an Embedding "
                 "or expand_dims) for rank 2 inputs."
             )
+        self._input_features = inputs_shape[-1]
         if not self.forward_layer.built:
             self.forward_layer.build(inputs_shape)
         if not self.backward_layer.built:
@@ -292,6 +311,23 @@ class MaskedBidirectional(keras.layers.Layer):
             return tuple(outputs + fwd_states + bwd_states)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    def compute_output_spec(
+        self, inputs, mask=None, lengths=None, initial_state=None, training=None
+    ):
+        # Functional models are built from shapes alone: run the checks that
+        # need no values now, so a bad `lengths`/`mask` fails at model build.
+        if lengths is not None:
+            self._check_lengths_static(lengths, inputs)
+        elif mask is not None:
+            self._check_mask(mask, inputs)
+        return super().compute_output_spec(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_state=initial_state,
+            training=training,
+        )
+
     def compute_mask(self, inputs, mask=None):
         if isinstance(mask, (list, tuple)):
             mask = mask[0]
@@ -322,9 +358,27 @@ class MaskedBidirectional(keras.layers.Layer):
                 "inputs has a zero-size time axis (shape "
                 f"{tuple(x.shape)}); pad every batch to at least one step."
             )
-        order = inverse = None
+        features = x.shape[-1]
+        if (
+            isinstance(features, int)
+            and isinstance(self._input_features, int)
+            and features != self._input_features
+        ):
+            raise ValueError(
+                f"inputs has {features} features but the layer was built for "
+                f"{self._input_features} (last axis of inputs)."
+            )
+        if x.shape[0] == 0:
+            return self._empty_batch_outputs(x)
+        order = inverse = bad_rows = None
         if lengths is not None:
             lengths = self._check_lengths(lengths, x)
+            if not _backend.is_concrete(lengths):
+                # Compiled code cannot raise on values: rows with a length
+                # outside [0, time] get NaN in every output and state
+                # (docs/errors.md), never plausible numbers.
+                bad_rows = _checks.invalid_lengths(lengths, time)
+                lengths = _checks.clamp_lengths(lengths, time)
         elif mask is not None:
             mask = self._check_mask(mask, x)
             order, inverse, lengths = mops.valid_first_order(mask)
@@ -372,7 +426,20 @@ class MaskedBidirectional(keras.layers.Layer):
         else:
             outputs = [fwd_y, bwd_y]
         if self.return_state:
-            return tuple(outputs + fwd_states + bwd_states)
+            outputs = outputs + fwd_states + bwd_states
+        if bad_rows is not None:
+            outputs = _checks.poison_rows(outputs, bad_rows)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _empty_batch_outputs(self, x):
+        """Outputs of the right shapes for a batch of 0 rows (no RNN call)."""
+        shapes = self.compute_output_shape(tuple(x.shape))
+        if isinstance(shapes[0], int) or shapes[0] is None:
+            shapes = [shapes]
+        outputs = [
+            ops.zeros(tuple(0 if d is None else d for d in shape), self.compute_dtype)
+            for shape in shapes
+        ]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _run(self, inner, x, lengths, initial_state, training):
@@ -433,10 +500,19 @@ class MaskedBidirectional(keras.layers.Layer):
                 f"{expected // 2} then the backward layer's."
             )
         half = expected // 2
+        sizes = _state_sizes(self.forward_layer) + _state_sizes(self.backward_layer)
+        for i, (state, size) in enumerate(zip(initial_state, sizes)):
+            shape = tuple(ops.convert_to_tensor(state).shape)
+            if len(shape) != 2 or (isinstance(shape[1], int) and shape[1] != size):
+                raise ValueError(
+                    f"initial_state[{i}] has shape {shape} but must be "
+                    f"(batch, {size}): the forward layer's states then the "
+                    "backward layer's."
+                )
         return initial_state[:half], initial_state[half:]
 
-    def _check_lengths(self, lengths, x):
-        lengths = ops.convert_to_tensor(lengths)
+    def _check_lengths_static(self, lengths, x):
+        """Checks that need shapes and dtypes only (also at model build)."""
         if len(lengths.shape) == 2 and lengths.shape[1] == 1:
             lengths = ops.squeeze(lengths, 1)
         if len(lengths.shape) != 1:
@@ -444,7 +520,7 @@ class MaskedBidirectional(keras.layers.Layer):
                 "lengths must have shape (batch,), one length per row; got "
                 f"shape {tuple(lengths.shape)}."
             )
-        if "int" not in str(lengths.dtype):
+        if "int" not in keras.backend.standardize_dtype(lengths.dtype):
             raise ValueError(
                 f"lengths must be integers; got dtype {lengths.dtype}. Cast it "
                 "with ops.cast(lengths, 'int32') (a float length is ambiguous)."
@@ -455,7 +531,13 @@ class MaskedBidirectional(keras.layers.Layer):
                 f"lengths has {n} rows but inputs has {batch} (batch "
                 "dimension); pass one length per row."
             )
+        return lengths
+
+    def _check_lengths(self, lengths, x):
+        lengths = self._check_lengths_static(ops.convert_to_tensor(lengths), x)
         lengths = ops.cast(lengths, "int32")
+        # A batch size known only at run time: fail there, never broadcast.
+        lengths = _checks.match_leading_dims(lengths, x, 1, "lengths")
         if _backend.is_concrete(lengths):
             values = ops.convert_to_numpy(lengths)
             time = x.shape[1]
@@ -483,8 +565,16 @@ class MaskedBidirectional(keras.layers.Layer):
                     f"mask has {a} along axis {axis} but inputs has {b} "
                     f"({name} dimension); the mask must be (batch, time)."
                 )
-        if mask.dtype != "bool":
+        dtype = keras.backend.standardize_dtype(mask.dtype)
+        if dtype != "bool" and not any(k in dtype for k in ("int", "float")):
+            raise ValueError(
+                "mask must be boolean (or numeric: non-zero = valid step); got "
+                f"dtype {mask.dtype}."
+            )
+        if dtype != "bool":
             mask = ops.not_equal(mask, 0)
+        if not isinstance(mask, keras.KerasTensor):
+            mask = _checks.match_leading_dims(mask, x, 2, "mask")
         return mask
 
     # ---------------------------------------------------------------- config
@@ -519,6 +609,12 @@ class MaskedBidirectional(keras.layers.Layer):
                 backward, custom_objects=custom_objects
             )
         return cls(**config)
+
+
+def _output_size(inner):
+    cell = inner.cell
+    size = getattr(cell, "output_size", None)
+    return size if size is not None else _state_sizes(inner)[0]
 
 
 def _state_sizes(inner):
