@@ -386,7 +386,7 @@ class MaskedBidirectional(keras.layers.Layer):
         else:
             lengths = ops.full((ops.shape(x)[0],), time, dtype="int32")
 
-        fwd_state, bwd_state = self._split_initial_state(initial_state)
+        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         fwd_y, fwd_states = self._run(
             self.forward_layer, x, lengths, fwd_state, training
         )
@@ -486,7 +486,7 @@ class MaskedBidirectional(keras.layers.Layer):
         )
         return y, [h, ops.cast(c, h.dtype)]
 
-    def _split_initial_state(self, initial_state):
+    def _split_initial_state(self, initial_state, x):
         if initial_state is None:
             return None, None
         if not isinstance(initial_state, (list, tuple)):
@@ -503,10 +503,20 @@ class MaskedBidirectional(keras.layers.Layer):
         sizes = _state_sizes(self.forward_layer) + _state_sizes(self.backward_layer)
         for i, (state, size) in enumerate(zip(initial_state, sizes)):
             shape = tuple(ops.convert_to_tensor(state).shape)
-            if len(shape) != 2 or (isinstance(shape[1], int) and shape[1] != size):
+            batch = x.shape[0]
+            if (
+                len(shape) != 2
+                or (isinstance(shape[1], int) and shape[1] != size)
+                or (
+                    isinstance(shape[0], int)
+                    and isinstance(batch, int)
+                    and shape[0] != batch
+                )
+            ):
                 raise ValueError(
                     f"initial_state[{i}] has shape {shape} but must be "
-                    f"(batch, {size}): the forward layer's states then the "
+                    f"(batch, {size}) with the batch of inputs "
+                    f"({x.shape[0]}): the forward layer's states then the "
                     "backward layer's."
                 )
         return initial_state[:half], initial_state[half:]
