@@ -153,4 +153,10 @@ def poison_rows(tensors, bad):
     flags = ops.convert_to_tensor(bad)
     for _ in range(len(x.shape) - 1):
         flags = ops.expand_dims(flags, -1)
-    return ops.where(flags, ops.full_like(x, float("nan")), x)
+    # x * (0 or 1) + (NaN or 0) with per-row factors: exact for good rows, no
+    # gradient into bad rows, and exported graphs (tf2onnx) keep it, unlike a
+    # full-size select against a NaN tensor, which came out all NaN in ONNX.
+    nan = ops.convert_to_tensor(float("nan"), dtype=x.dtype)
+    zero = ops.convert_to_tensor(0.0, dtype=x.dtype)
+    one = ops.convert_to_tensor(1.0, dtype=x.dtype)
+    return x * ops.where(flags, zero, one) + ops.where(flags, nan, zero)
