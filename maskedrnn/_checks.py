@@ -17,8 +17,9 @@ loud without any backend-specific code:
   `clamp_lengths` makes them safe to index with, and `poison_rows` writes NaN
   into every output and state of those rows. A NaN loss is what Keras
   reports (and `keras.callbacks.TerminateOnNaN` stops on); the other rows
-  keep their exact values, and gradients stay finite, since `ops.where`
-  passes no gradient to the poisoned rows.
+  keep their exact values, and no gradient passes into the poisoned rows, so
+  the weights of the layer and of the layers before it stay finite (layers
+  after it see NaN activations, so their weights do not).
 """
 
 from keras import name_scope, ops
@@ -134,8 +135,9 @@ def poison_rows(tensors, bad):
 
     Returns:
         The same structure as `tensors`, same shapes and dtypes, with NaN in
-        the flagged rows and the other rows unchanged. The gradient reaching
-        a flagged row is zero, so one bad row never turns weights into NaN.
+        the flagged rows and the other rows unchanged. No gradient passes
+        into a flagged row, even a NaN one, so the weights of the layer that
+        poisons (and of the layers before it) stay finite.
 
     Example:
 
@@ -153,10 +155,12 @@ def poison_rows(tensors, bad):
     flags = ops.convert_to_tensor(bad)
     for _ in range(len(x.shape) - 1):
         flags = ops.expand_dims(flags, -1)
-    # x * (0 or 1) + (NaN or 0) with per-row factors: exact for good rows, no
-    # gradient into bad rows, and exported graphs (tf2onnx) keep it, unlike a
-    # full-size select against a NaN tensor, which came out all NaN in ONNX.
+    # A select against zeros, plus a per-row NaN (or 0) that does not depend
+    # on x. The select passes no gradient into bad rows even when the
+    # incoming gradient there is NaN (as it is in training: the loss of a
+    # NaN row is NaN); multiplying x by 0 instead would give 0 * NaN = NaN
+    # and turn the layer's weights into NaN. tf2onnx keeps both selects (a
+    # full-size select against a NaN tensor came out all NaN in ONNX).
     nan = ops.convert_to_tensor(float("nan"), dtype=x.dtype)
     zero = ops.convert_to_tensor(0.0, dtype=x.dtype)
-    one = ops.convert_to_tensor(1.0, dtype=x.dtype)
-    return x * ops.where(flags, zero, one) + ops.where(flags, nan, zero)
+    return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)

@@ -76,10 +76,12 @@ def test_poison_rows_keeps_structure_and_rejects_integers():
         _checks.poison_rows(np.ones((2, 1), "int32"), bad)
 
 
-def test_poison_rows_gradient_is_zero_on_bad_rows_and_finite():
-    """A poisoned row gives a NaN loss but no NaN gradient: the weights of a
-    model fed one bad row stay finite (numpy oracle: d sum(where(b, nan, x) *
-    w) / dx = where(b, 0, w))."""
+@pytest.mark.parametrize("upstream", ["finite", "nan"])
+def test_poison_rows_gradient_is_zero_on_bad_rows_and_finite(upstream):
+    """A poisoned row gives a NaN loss but no gradient into it, also when the
+    gradient arriving there is NaN (training: the loss of a NaN row is NaN,
+    and so is its gradient). Numpy oracle: for loss = sum(f(poison(x))), the
+    gradient is where(bad, 0, f'(x)) with f(p) = p * w or p ** 2 / 2 * w."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 3)).astype("float32")
     w = rng.standard_normal((6, 3)).astype("float32")
@@ -87,7 +89,10 @@ def test_poison_rows_gradient_is_zero_on_bad_rows_and_finite():
     bad = ops.convert_to_tensor(bad_np)
 
     def loss(xv):
-        return ops.sum(_checks.poison_rows(xv, bad) * ops.convert_to_tensor(w))
+        p = _checks.poison_rows(xv, bad)
+        if upstream == "nan":
+            p = p * p / 2  # d/dp = p: NaN on bad rows
+        return ops.sum(p * ops.convert_to_tensor(w))
 
     if BACKEND == "tensorflow":
         import tensorflow as tf
@@ -109,7 +114,10 @@ def test_poison_rows_gradient_is_zero_on_bad_rows_and_finite():
         (grad,) = torch.autograd.grad(value, xt)
         grad = grad.numpy()
     assert np.isnan(float(to_np(value)))
-    np.testing.assert_array_equal(np.asarray(grad), np.where(bad_np[:, None], 0, w))
+    slope = w if upstream == "finite" else x * w
+    np.testing.assert_allclose(
+        np.asarray(grad), np.where(bad_np[:, None], 0, slope), rtol=1e-6
+    )
 
 
 def test_match_leading_dims_static():
