@@ -34,6 +34,9 @@ def _gather_time(x, index):
     """
     shape = ops.shape(x)
     batch, time = shape[0], shape[1]
+    if batch == 0 or time == 0:
+        # Nothing to gather (and jnp.take on an empty array drops index axes).
+        return x
     flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
     offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
     return ops.take(flat, ops.cast(index, "int32") + offsets, axis=0)

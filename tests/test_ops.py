@@ -179,3 +179,9 @@ def test_linear_recurrence_with_unknown_time_axis_in_tf_function():
 def test_ops_are_backend_tensors():
     x = mops.sequence_mask([1, 2], 3)
     assert ops.is_tensor(x)
+
+
+def test_reverse_sequence_of_an_empty_batch_keeps_its_shape():
+    x = np.zeros((0, 5, 2), "float32")
+    y = to_np(mops.reverse_sequence(x, np.zeros((0,), "int32")))
+    assert y.shape == (0, 5, 2)
