@@ -34,8 +34,10 @@ def _gather_time(x, index):
     """
     shape = ops.shape(x)
     batch, time = shape[0], shape[1]
-    if batch == 0 or time == 0:
+    if any(isinstance(d, int) and d == 0 for d in (batch, time)):
         # Nothing to gather (and jnp.take on an empty array drops index axes).
+        # Only static sizes are compared: a symbolic size (TF graph, jax.export)
+        # cannot be a Python bool, and TF's gather handles an empty run fine.
         return x
     flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
     offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
