@@ -23,10 +23,17 @@ Which function ends up computing on this machine (asserted below):
 | tensorflow | `lstm`/`gru` decline -> `rnn` (no mask) | `lstm`/`gru` (cuDNN)      |
 | jax        | `lstm` declines -> `rnn` (no mask);     | `lstm` (cuDNN); `gru`     |
 |            | `gru` computes (`lax.scan`)             | (`lax.scan`)              |
-| torch      | `lstm`/`gru` compute (pure-torch loop)  | `lstm`/`gru` (cuDNN)      |
+| torch      | PyTorch's `torch.lstm`/`gru` via        | `lstm`/`gru` (cuDNN)      |
+|            | `maskedrnn._torch_kernels` (no Keras    |                           |
+|            | call); with it turned off, `lstm`/`gru` |                           |
+|            | compute (a Python loop over steps)      |                           |
 
 With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
 device (TensorFlow's cuDNN path accepts right-padded masks only).
+
+On the torch backend every eager test runs twice: with the default kernels
+(PyTorch's own on CPU) and with `_torch_kernels` turned off (Keras' inner
+layers), so both paths stay proven.
 """
 
 import inspect
@@ -40,6 +47,7 @@ from keras.src.layers.rnn import lstm as lstm_module
 from keras.src.layers.rnn import rnn as rnn_module
 
 from maskedrnn import MaskedBidirectional
+from maskedrnn.layers import masked_bidirectional as layer_module
 from tests.helpers import to_np
 
 BACKEND = keras.backend.backend()
@@ -80,26 +88,39 @@ def fused_without_mask(cell):
     return _gpu_here()
 
 
-class Spy:
-    """Replaces `keras.src.backend.<name>` by a recorder that delegates.
+def native_kernels_here():
+    """Whether ours runs PyTorch's own kernels here by default (torch, CPU)."""
+    return BACKEND == "torch" and not _gpu_here()
 
-    Each call appends a dict: `mask` (the object passed, None or a tensor),
-    `kernel` (the `kernel` keyword, which identifies the calling layer's
+
+class Spy:
+    """Replaces `module.<name>` (`keras.src.backend.lstm` and the like, or
+    `maskedrnn._torch_kernels.run`) by a recorder that delegates.
+
+    Each call appends a dict: `device` (of the input tensor, as a string),
+    `mask` (the object passed, None or a tensor;
+    `_torch_kernels.run` takes none), `kernel` (the `kernel` keyword, or the
+    kernel of the `inner` layer passed, which identifies the calling layer's
     cell), and `outcome`: "computed" or "NotImplementedError" (the backend
     declined and the layer falls back).
     """
 
-    def __init__(self, monkeypatch, name):
+    def __init__(self, monkeypatch, name, module=keras_backend):
         self.name = name
         self.calls = []
-        original = getattr(keras_backend, name)
+        original = getattr(module, name)
         signature = inspect.signature(original)
 
         def spy(*args, **kwargs):
             bound = signature.bind(*args, **kwargs)
+            inner = bound.arguments.get("inner")
+            data = bound.arguments.get("inputs", bound.arguments.get("x"))
             call = {
+                "device": str(getattr(data, "device", "")),
                 "mask": bound.arguments.get("mask"),
-                "kernel": bound.arguments.get("kernel"),
+                "kernel": bound.arguments.get(
+                    "kernel", inner.cell.kernel if inner is not None else None
+                ),
             }
             self.calls.append(call)
             try:
@@ -110,7 +131,7 @@ class Spy:
             call["outcome"] = "computed"
             return out
 
-        monkeypatch.setattr(keras_backend, name, spy)
+        monkeypatch.setattr(module, name, spy)
 
     def masks(self):
         return [c["mask"] for c in self.calls]
@@ -129,7 +150,28 @@ def spies(monkeypatch):
     # that module attribute is the one to replace.
     for module in (lstm_module, gru_module, rnn_module):
         assert module.backend is keras_backend
-    return {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
+    spies = {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
+    if BACKEND == "torch":
+        # Looked up as `_torch_kernels().run` at call time.
+        from maskedrnn import _torch_kernels
+
+        spies["native"] = Spy(monkeypatch, "run", _torch_kernels)
+    return spies
+
+
+@pytest.fixture(params=["default", "keras_layers"])
+def kernels(request, monkeypatch):
+    """"default": ours as shipped. "keras_layers": PyTorch's native kernels
+    turned off, so the inner Keras layers compute (the path on every other
+    backend, and on torch for layers the native kernels do not cover)."""
+    if request.param == "keras_layers":
+        if BACKEND != "torch":
+            pytest.skip("only the torch backend has a second path to turn off")
+        monkeypatch.setattr(
+            layer_module, "_native_reason", lambda inner, x: "turned off by a test"
+        )
+        return "keras_layers"
+    return "native" if native_kernels_here() else "keras_layers"
 
 
 def make_rnn(cell, **kwargs):
@@ -153,15 +195,33 @@ def float_inputs(seed=0):
     return x, mask
 
 
-def assert_fast_path_taken(spies, cell, ours):
+def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     """Ours: both inner layers call `backend.<cell>` with mask=None, and the
-    generic loop runs exactly when the fused function declined, maskless."""
+    generic loop runs exactly when the fused function declined, maskless.
+    With `kernels="native"`: PyTorch's kernel computes both directions (one
+    `_torch_kernels.run` per direction and call) and no Keras RNN function
+    runs at all."""
+    inner = (ours.forward_layer, ours.backward_layer)
+    if kernels == "native":
+        native = spies["native"]
+        assert native.calls, "_torch_kernels.run was never called"
+        assert len(native.calls) % 2 == 0
+        kernels_seen = {id(c["kernel"]) for c in native.calls}
+        assert kernels_seen == {id(layer.cell.kernel) for layer in inner}
+        assert native.outcomes() == ["computed"] * len(native.calls)
+        for name in ("lstm", "gru", "rnn"):
+            # Keras' torch backend infers output shapes by running layers on
+            # "meta" tensors (no values); that pass takes Keras' path.
+            real = [c for c in spies[name].calls if c["device"] != "meta"]
+            assert real == [], f"backend.{name} ran on data"
+        return
+    if "native" in spies:
+        assert spies["native"].calls == []
     fused = spies[cell]
     assert fused.calls, f"backend.{cell} was never called"
     assert fused.masks() == [None] * len(fused.calls)
-    kernels = {id(c["kernel"]) for c in fused.calls}
-    inner = (ours.forward_layer, ours.backward_layer)
-    assert kernels == {id(layer.cell.kernel) for layer in inner}
+    kernels_seen = {id(c["kernel"]) for c in fused.calls}
+    assert kernels_seen == {id(layer.cell.kernel) for layer in inner}
     expected = "computed" if fused_without_mask(cell) else "NotImplementedError"
     assert fused.outcomes() == [expected] * len(fused.calls)
     declined = fused.outcomes().count("NotImplementedError")
@@ -194,7 +254,7 @@ def assert_keras_passed_mask(spies, cell, expected_mask=None):
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 @pytest.mark.parametrize("how", ["keras_mask", "mask", "lengths"])
-def test_eager_inner_rnns_get_no_mask(spies, cell, how):
+def test_eager_inner_rnns_get_no_mask(spies, kernels, cell, how):
     ours, ref = ours_and_keras(cell)
     if how == "keras_mask":
         embedding = keras.layers.Embedding(VOCAB, D, mask_zero=True)
@@ -209,7 +269,7 @@ def test_eager_inner_rnns_get_no_mask(spies, cell, how):
         x, mask = float_inputs()
         kwargs = {"mask": mask} if how == "mask" else {"lengths": LENGTHS}
         y = ours(x, **kwargs)
-    assert_fast_path_taken(spies, cell, ours)
+    assert_fast_path_taken(spies, cell, ours, kernels)
     if how != "keras_mask":
         return  # (parity for every input form: tests/test_masked_bidirectional.py)
     # The fast path computed the masked result (oracle: Keras with the mask),
@@ -232,6 +292,8 @@ def test_generic_cell_gets_a_right_padded_mask(spies):
     mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]], bool)
     ours(x, mask=mask)
     assert spies["lstm"].calls == []
+    if "native" in spies:
+        assert spies["native"].calls == []
     right_padded = np.arange(T)[None, :] < mask.sum(1)[:, None]
     assert len(spies["rnn"].calls) == 2
     for m in spies["rnn"].masks():
@@ -279,7 +341,8 @@ def test_fit_step_inner_rnns_get_no_mask(spies, cell, how):
     for spy in spies.values():
         spy.clear()
     one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
-    assert_fast_path_taken(spies, cell, ours)
+    default = "native" if native_kernels_here() else "keras_layers"
+    assert_fast_path_taken(spies, cell, ours, default)
 
 
 @pytest.mark.slow

@@ -1,0 +1,173 @@
+"""PyTorch's native RNN kernels for `MaskedBidirectional` on the torch backend.
+
+Keras' torch backend hands an unmasked `LSTM`/`GRU` to PyTorch's fused kernel
+(`torch.lstm`/`torch.gru`, cuDNN) on CUDA only. On a CPU it steps through time
+in Python (`keras/src/backend/torch/rnn.py`, `_fallback_lstm`: a matmul and a
+few elementwise ops per step, each dispatched separately), and `SimpleRNN`
+always runs Keras' generic loop. PyTorch's own kernels do the same arithmetic
+in C++; at the CPU benchmark's sizes that makes the layer about 3x faster
+(docs/benchmarks.md). So on the torch backend, on CPU, `MaskedBidirectional`
+calls them directly for each direction, on the same valid-first / reversed
+data as on every other path. The outputs are the same function of the same
+weights (PyTorch's LSTM and reset-after GRU equations are Keras'; only the GRU
+gate order differs, see `_gru_params`), so gradients reach the Keras variables
+through PyTorch's autograd.
+
+Nothing is tried and caught. `unavailable_reason` checks every condition up
+front and says in words why a call cannot use these kernels; the layer then
+calls its Keras inner layer as on the other backends (exact as well, slower
+on CPU), and `MaskedBidirectional.kernel_info()` reports which path runs.
+"""
+
+import keras
+import torch
+
+LSTM, GRU, SimpleRNN = keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN
+_SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
+_TANH = (keras.activations.tanh, torch.tanh, keras.ops.tanh)
+_RELU = (keras.activations.relu, torch.relu, keras.ops.relu)
+
+
+def unavailable_reason(inner, device):
+    """Why `inner` cannot run on PyTorch's native kernel here, or None if it can.
+
+    Args:
+        inner: The inner RNN layer (built).
+        device: The `torch.device` (or its type as a string) of the inputs.
+
+    Returns:
+        None when `run` may be called; otherwise a sentence naming the
+        condition that fails and what runs instead.
+    """
+    kind = type(inner)
+    if kind not in (LSTM, GRU, SimpleRNN):
+        return (
+            f"{kind.__name__} has no PyTorch kernel (LSTM, GRU and SimpleRNN do)"
+        )
+    device_type = getattr(device, "type", device)
+    if device_type == "cuda":
+        return (
+            "on CUDA, Keras' backend already calls PyTorch's cuDNN kernel for "
+            "an unmasked LSTM/GRU"
+        )
+    if device_type != "cpu":
+        return f"inputs are on a {device_type!r} device, not the CPU"
+    if getattr(inner, "use_cudnn", "auto") is False:
+        return "the inner layer has use_cudnn=False, which asks for Keras' loop"
+    compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+    if torch.jit.is_tracing() or compiling():
+        return "inside torch.jit tracing or torch.compile, Keras' loop is traced"
+    cell = inner.cell
+    if cell.recurrent_dropout:
+        return "recurrent_dropout > 0 (PyTorch's kernels have none)"
+    if inner.activity_regularizer is not None:
+        return "the inner layer has an activity_regularizer (applied by Keras' call)"
+    if cell.variable_dtype not in ("float32", "float64") or (
+        cell.compute_dtype != cell.variable_dtype
+    ):
+        return (
+            f"dtype policy {cell.dtype_policy.name!r}: the native path is used "
+            "for float32 and float64 only"
+        )
+    if kind is SimpleRNN:
+        if cell.activation not in _TANH + _RELU:
+            return "SimpleRNN activation is not tanh or relu"
+        return None
+    if cell.activation not in _TANH or cell.recurrent_activation not in _SIGMOID:
+        return "activation must be tanh and recurrent_activation sigmoid"
+    if kind is GRU and not cell.reset_after:
+        return "GRU with reset_after=False (PyTorch's GRU is reset-after)"
+    return None
+
+
+def run(inner, x, initial_state):
+    """Runs `inner` over all of `x` with PyTorch's kernel; returns the outputs.
+
+    Call only when `unavailable_reason(inner, x.device)` is None.
+
+    Args:
+        inner: The inner LSTM, GRU or SimpleRNN layer.
+        x: Float tensor `(batch, time, features)`, already in the order the
+            direction reads (valid steps first); no mask.
+        initial_state: List of `(batch, units)` tensors: `[h, c]` for an
+            LSTM, `[h]` otherwise.
+
+    Returns:
+        The output sequence `(batch, time, units)`: `h_t` at every step.
+    """
+    cell = inner.cell
+    dtype = _tensor(cell.kernel).dtype
+    x = _tensor(x).to(dtype)
+    # PyTorch's states are (num_layers * num_directions, batch, units).
+    hx = [_tensor(state).to(dtype)[None] for state in initial_state]
+    kind = type(inner)
+    if kind is LSTM:
+        params, fn, hx = _plain_params(cell), torch.lstm, tuple(hx)
+    elif kind is GRU:
+        params, fn, hx = _gru_params(cell), torch.gru, hx[0]
+    else:
+        params, hx = _plain_params(cell), hx[0]
+        fn = torch.rnn_tanh if cell.activation in _TANH else torch.rnn_relu
+    outputs = fn(
+        x,
+        hx,
+        params,
+        cell.use_bias,  # has_biases: params holds biases only then
+        1,  # num_layers
+        0.0,  # dropout between layers (one layer: none)
+        torch.is_grad_enabled(),  # train: keep what backward needs
+        False,  # bidirectional: one direction per call
+        True,  # batch_first: x is (batch, time, features)
+    )
+    return outputs[0]
+
+
+def _tensor(variable):
+    return keras.ops.convert_to_tensor(variable)
+
+
+def _plain_params(cell):
+    """`[W_ih, W_hh(, b_ih, b_hh)]` of `torch.lstm` / `torch.rnn_tanh` /
+    `torch.rnn_relu` from a Keras LSTMCell or SimpleRNNCell.
+
+    LSTM. Keras: kernel `(D, 4U)`, recurrent_kernel `(U, 4U)`, bias `(4U,)`,
+    gates ordered i, f, c, o along the last axis. PyTorch: W_ih `(4U, D)`,
+    W_hh `(4U, U)`, b_ih and b_hh `(4U,)`, gates i, f, g, o: the same order,
+    so the matrices are only transposed.
+    SimpleRNN. Keras: kernel `(D, U)`, recurrent_kernel `(U, U)`, bias
+    `(U,)`; PyTorch: the transposes, b_ih and b_hh `(U,)`.
+    Keras has one bias: it becomes b_ih, and b_hh is zero.
+    """
+    params = [_tensor(cell.kernel).T.contiguous()]
+    params.append(_tensor(cell.recurrent_kernel).T.contiguous())
+    if cell.use_bias:
+        bias = _tensor(cell.bias)
+        params += [bias, torch.zeros_like(bias)]
+    return params
+
+
+def _zrh_to_rzn(w):
+    """Reorders Keras' GRU gate blocks (z, r, h) on the last axis into
+    PyTorch's (r, z, n): the reset and update blocks swap, the candidate
+    block (Keras h, PyTorch n) stays last."""
+    z, r, h = torch.chunk(w, 3, dim=-1)
+    return torch.cat([r, z, h], dim=-1)
+
+
+def _gru_params(cell):
+    """`[W_ih, W_hh(, b_ih, b_hh)]` of `torch.gru` from a Keras GRUCell with
+    `reset_after=True`.
+
+    Keras: kernel `(D, 3U)`, recurrent_kernel `(U, 3U)`, gates z, r, h along
+    the last axis; bias `(2, 3U)`, row 0 the input bias and row 1 the
+    recurrent bias (reset-after keeps them apart because the reset gate
+    multiplies `h @ W_hh + b_hh`, exactly as in PyTorch). PyTorch: W_ih
+    `(3U, D)`, W_hh `(3U, U)`, b_ih and b_hh `(3U,)`, gates r, z, n. So each
+    block is reordered z, r, h -> r, z, h, then the matrices transposed.
+    """
+    params = [_zrh_to_rzn(_tensor(cell.kernel)).T.contiguous()]
+    params.append(_zrh_to_rzn(_tensor(cell.recurrent_kernel)).T.contiguous())
+    if cell.use_bias:
+        bias = _zrh_to_rzn(_tensor(cell.bias))
+        params += [bias[0], bias[1]]
+    return params

@@ -1,0 +1,281 @@
+"""`maskedrnn._torch_kernels`: PyTorch's native RNN kernels on the torch backend.
+
+On the torch backend on CPU, `MaskedBidirectional` runs its unmasked inner
+LSTM/GRU/SimpleRNN on `torch.lstm` / `torch.gru` / `torch.rnn_tanh` /
+`torch.rnn_relu` instead of Keras' Python loop. Specified here:
+
+- which layers take that path (`kernel_info()`, and a spy on
+  `_torch_kernels.run`), and that every other configuration is refused up
+  front with a reason and computed by the Keras inner layer instead;
+- outputs, final states and gradients equal Keras' own masked
+  `Bidirectional` (use_cudnn=False: its generic masked loop) and PyTorch's
+  `nn.LSTM`/`nn.GRU(bidirectional=True)` on a `PackedSequence`, two
+  oracles that share no code with this module.
+
+The rest of the suite (parity, training, saving) runs through this path too
+whenever the backend is torch, since it is the default there.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from maskedrnn import MaskedBidirectional, convert
+from tests.helpers import flat, loss_and_grads, to_np
+
+if keras.backend.backend() != "torch":
+    pytest.skip(
+        "PyTorch's native kernels exist on the torch backend only",
+        allow_module_level=True,
+    )
+
+import torch  # noqa: E402
+
+from maskedrnn import _torch_kernels  # noqa: E402
+
+B, T, D, U = 5, 6, 3, 4
+LENGTHS = np.array([6, 4, 1, 0, 3], "int32")
+# Every pattern: right-padded, left-padded, holes, all padding, full.
+MASK = np.array(
+    [
+        [1, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 1],
+        [1, 0, 1, 0, 0, 1],
+        [0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+    ],
+    bool,
+)
+
+NATIVE = {
+    "lstm": lambda **kw: keras.layers.LSTM(U, **kw),
+    "gru": lambda **kw: keras.layers.GRU(U, **kw),
+    "simple_tanh": lambda **kw: keras.layers.SimpleRNN(U, **kw),
+    "simple_relu": lambda **kw: keras.layers.SimpleRNN(U, activation="relu", **kw),
+    "lstm_no_bias": lambda **kw: keras.layers.LSTM(U, use_bias=False, **kw),
+    "gru_no_bias": lambda **kw: keras.layers.GRU(U, use_bias=False, **kw),
+}
+
+
+def oracle_copy(layer):
+    """The same layer config with Keras' generic (masked) loop forced."""
+    clone = layer.__class__.from_config(layer.get_config())
+    if hasattr(clone, "use_cudnn"):  # SimpleRNN has only the generic loop
+        clone.use_cudnn = False
+    return clone
+
+
+def pair(make, **kw):
+    """(ours, Keras Bidirectional oracle) with identical weights."""
+    kw.setdefault("return_sequences", True)
+    kw.setdefault("return_state", True)
+    ours = MaskedBidirectional(make(**kw))
+    ref = keras.layers.Bidirectional(oracle_copy(make(**kw)))
+    ours.build((None, None, D))
+    ref.build((None, None, D))
+    rng = np.random.default_rng(7)
+    weights = [
+        rng.uniform(-0.6, 0.6, w.shape).astype(w.dtype) for w in ref.get_weights()
+    ]
+    ref.set_weights(weights)
+    ours.set_weights(weights)
+    return ours, ref
+
+
+def inputs(seed=0):
+    return np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
+
+
+@pytest.fixture
+def native_calls(monkeypatch):
+    """Records the inner layers `_torch_kernels.run` is called with."""
+    calls = []
+    original = _torch_kernels.run
+
+    def spy(inner, x, initial_state):
+        calls.append(inner)
+        return original(inner, x, initial_state)
+
+    monkeypatch.setattr(_torch_kernels, "run", spy)
+    return calls
+
+
+def assert_close(actual, expected, atol=1e-5):
+    actual, expected = flat(actual), flat(expected)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=atol, rtol=1e-5)
+
+
+# -------------------------------------------------------- the native path
+
+
+@pytest.mark.parametrize("kind", sorted(NATIVE))
+def test_native_kernel_matches_keras_masked(kind, native_calls):
+    ours, ref = pair(NATIVE[kind])
+    assert all("PyTorch's native" in s for s in ours.kernel_info().values())
+    x = inputs()
+    assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
+    assert native_calls == [ours.forward_layer, ours.backward_layer]
+    # Gradients w.r.t. the inputs and every Keras weight (through PyTorch's
+    # autograd of torch.lstm/gru/rnn_*, back to the Keras variables).
+    loss_o, grads_o = loss_and_grads(ours, x, mask=MASK)
+    loss_r, grads_r = loss_and_grads(ref, x, mask=MASK)
+    assert np.isclose(loss_o, loss_r, rtol=1e-5, atol=1e-4)
+    assert len(grads_o) == len(grads_r) == 1 + len(ours.trainable_variables)
+    for g_o, g_r in zip(grads_o, grads_r):
+        np.testing.assert_allclose(g_o, g_r, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_native_kernel_with_initial_state_and_lengths(kind, native_calls):
+    ours, ref = pair(NATIVE[kind], return_sequences=False)
+    n = 2 if kind == "lstm" else 1
+    rng = np.random.default_rng(3)
+    states = [rng.standard_normal((B, U)).astype("float32") for _ in range(2 * n)]
+    x = inputs(1)
+    mask = np.arange(T)[None, :] < LENGTHS[:, None]
+    expected = ref(x, mask=mask, initial_state=states)
+    assert_close(ours(x, lengths=LENGTHS, initial_state=states), expected)
+    assert len(native_calls) == 2
+
+
+def test_float64_layers_use_the_native_kernel(native_calls):
+    ours, ref = pair(NATIVE["lstm"], dtype="float64")
+    assert ours.forward_layer.cell.kernel.dtype == "float64"
+    x = inputs(2).astype("float64")
+    assert_close(ours(x, mask=MASK), ref(x, mask=MASK), atol=1e-10)
+    assert len(native_calls) == 2
+
+
+@pytest.mark.parametrize("kind", ["gru", "simple_tanh"])
+def test_input_dropout_uses_one_mask_for_all_steps(kind, native_calls):
+    """Input dropout in training is applied before PyTorch's kernel, one mask
+    per row for every step (what Keras' fused GRU path and SimpleRNN's cell
+    do): with the dropout mask frozen, training outputs equal Keras'."""
+    ours, ref = pair(NATIVE[kind], dropout=0.5)
+    fixed = (np.random.default_rng(0).random((B, D)) > 0.5).astype("float32") * 2
+    for layer in (ours, ref):
+        for inner in (layer.forward_layer, layer.backward_layer):
+            inner.cell.get_dropout_mask = lambda step_input: torch.tensor(fixed)
+    x = inputs(3)
+    assert_close(ours(x, mask=MASK, training=True), ref(x, mask=MASK, training=True))
+    assert len(native_calls) == 2
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_native_kernel_matches_pytorch_packed_sequence(kind):
+    """Independent oracle: `torch.nn.LSTM/GRU(bidirectional=True)` on a
+    `PackedSequence`, weights moved with `maskedrnn.convert` (which its own
+    tests check against PyTorch). Right-padded data, every output and the
+    final states (PyTorch's h_n/c_n: forward after the last valid step,
+    backward after the first)."""
+    ours, _ = pair(NATIVE[kind])
+    lengths = np.array([6, 4, 1, 2, 3], "int32")  # packing needs lengths >= 1
+    x = inputs(4)
+    out, *states = ours(x, lengths=lengths)
+    module_cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+    module = module_cls(D, U, batch_first=True, bidirectional=True)
+    to_torch = {"lstm": convert.lstm_to_torch_lstm, "gru": convert.gru_to_torch_gru}
+    to_torch = to_torch[kind]
+    forward = to_torch(ours.forward_layer.get_weights())
+    backward = to_torch(ours.backward_layer.get_weights())
+    names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+    with torch.no_grad():
+        for name, a, b in zip(names, forward, backward):
+            getattr(module, name).copy_(torch.tensor(a))
+            getattr(module, name + "_reverse").copy_(torch.tensor(b))
+        packed = torch.nn.utils.rnn.pack_padded_sequence(
+            torch.tensor(x), torch.tensor(lengths), batch_first=True,
+            enforce_sorted=False,
+        )
+        y, hidden = module(packed)
+        y, _ = torch.nn.utils.rnn.pad_packed_sequence(
+            y, batch_first=True, total_length=T
+        )
+    np.testing.assert_allclose(to_np(out), y.numpy(), atol=1e-5)
+    hidden = hidden if kind == "lstm" else (hidden,)
+    # PyTorch: per kind (h, c), each (2, batch, units) = forward, backward.
+    # Ours: forward's states then backward's.
+    expected = [h[0] for h in hidden] + [h[1] for h in hidden]
+    for got, want in zip(states, expected):
+        np.testing.assert_allclose(to_np(got), want.numpy(), atol=1e-5)
+
+
+# ------------------------------------------------ refused up front, visibly
+
+
+REFUSED = {
+    "gru_reset_before": (
+        lambda **kw: keras.layers.GRU(U, reset_after=False, **kw),
+        "reset_after=False",
+    ),
+    "lstm_relu": (
+        lambda **kw: keras.layers.LSTM(U, activation="relu", **kw),
+        "activation must be tanh",
+    ),
+    "lstm_hard_sigmoid": (
+        lambda **kw: keras.layers.LSTM(U, recurrent_activation="hard_sigmoid", **kw),
+        "recurrent_activation sigmoid",
+    ),
+    "simple_elu": (
+        lambda **kw: keras.layers.SimpleRNN(U, activation="elu", **kw),
+        "not tanh or relu",
+    ),
+    "use_cudnn_false": (
+        lambda **kw: keras.layers.LSTM(U, use_cudnn=False, **kw),
+        "use_cudnn=False",
+    ),
+    "activity_regularizer": (
+        lambda **kw: keras.layers.GRU(U, activity_regularizer="l2", **kw),
+        "activity_regularizer",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_configurations_say_why_and_stay_exact(case, native_calls):
+    make, reason = REFUSED[case]
+    ours, ref = pair(make)
+    info = ours.kernel_info()
+    for text in info.values():
+        assert text.startswith("Keras "), text
+        assert reason in text, text
+    x = inputs(5)
+    assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
+    assert native_calls == []
+
+
+def test_mixed_precision_is_refused(native_calls):
+    ours = MaskedBidirectional(
+        keras.layers.LSTM(U, return_sequences=True, dtype="mixed_bfloat16")
+    )
+    ours.build((None, None, D))
+    assert "mixed_bfloat16" in ours.kernel_info()["forward"]
+    ours(inputs(), mask=MASK)
+    assert native_calls == []
+
+
+def test_reasons_for_devices_and_backends():
+    layer = keras.layers.LSTM(U)
+    layer.build((None, None, D))
+    assert _torch_kernels.unavailable_reason(layer, torch.device("cpu")) is None
+    assert "cuDNN" in _torch_kernels.unavailable_reason(layer, "cuda")
+    # Keras infers shapes by calling layers on "meta" tensors.
+    assert "meta" in _torch_kernels.unavailable_reason(layer, torch.device("meta"))
+    cell_rnn = keras.layers.RNN(keras.layers.LSTMCell(U))
+    assert "has no PyTorch kernel" in _torch_kernels.unavailable_reason(
+        cell_rnn, "cpu"
+    )
+
+
+def test_kernel_info_needs_a_built_layer_and_follows_inputs_device():
+    ours = MaskedBidirectional(keras.layers.GRU(U))
+    with pytest.raises(ValueError, match="built layer"):
+        ours.kernel_info()
+    ours.build((None, None, D))
+    on_meta = ours.kernel_info(torch.zeros((1, T, D), device="meta"))
+    assert on_meta["forward"].startswith("Keras GRU, unmasked")
+    generic = MaskedBidirectional(keras.layers.LSTM(U, recurrent_dropout=0.2))
+    generic.build((None, None, D))
+    assert "right-padded mask" in generic.kernel_info()["backward"]
