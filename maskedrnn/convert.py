@@ -455,16 +455,7 @@ def cudnn_bidirectional_to_bidirectional(weights):
     >>> [w.shape for w in cudnn_bidirectional_to_bidirectional(half + half)]
     [(3, 8), (2, 8), (8,), (3, 8), (2, 8), (8,)]
     """
-    weights = _array_list(weights, 6, "weights", "(forward then backward layer)")
-    converted = []
-    for start, direction in ((0, "forward"), (3, "backward")):
-        half = weights[start : start + 3]
-        _, gates = _units_and_gates(
-            half[1], f"weights[{start + 1}] ({direction} recurrent_kernel)"
-        )
-        convert = cudnn_lstm_to_lstm if gates == _LSTM_GATES else cudnn_gru_to_gru
-        converted += convert(half)
-    return converted
+    return _each_direction(weights, cudnn_lstm_to_lstm, cudnn_gru_to_gru)
 
 
 def bidirectional_to_cudnn_bidirectional(weights):
@@ -490,6 +481,13 @@ def bidirectional_to_cudnn_bidirectional(weights):
     >>> [w.shape for w in bidirectional_to_cudnn_bidirectional(half + half)]
     [(3, 8), (2, 8), (16,), (3, 8), (2, 8), (16,)]
     """
+    return _each_direction(weights, lstm_to_cudnn_lstm, gru_to_cudnn_gru)
+
+
+def _each_direction(weights, lstm_fn, gru_fn):
+    """Converts the forward then the backward 3 arrays of a bidirectional
+    layer, with `lstm_fn` or `gru_fn` as the recurrent kernel's shape says
+    (`(U, 4U)`: LSTM, `(U, 3U)`: GRU)."""
     weights = _array_list(weights, 6, "weights", "(forward then backward layer)")
     converted = []
     for start, direction in ((0, "forward"), (3, "backward")):
@@ -497,8 +495,7 @@ def bidirectional_to_cudnn_bidirectional(weights):
         _, gates = _units_and_gates(
             half[1], f"weights[{start + 1}] ({direction} recurrent_kernel)"
         )
-        convert = lstm_to_cudnn_lstm if gates == _LSTM_GATES else gru_to_cudnn_gru
-        converted += convert(half)
+        converted += (lstm_fn if gates == _LSTM_GATES else gru_fn)(half)
     return converted
 
 
