@@ -1,6 +1,9 @@
 """Shared test helpers: backend-neutral gradients and a Keras-style layer test."""
 
 import os
+import pathlib
+import subprocess
+import sys
 import tempfile
 
 import keras
@@ -117,3 +120,28 @@ def save_and_load(model):
         path = os.path.join(d, "model.keras")
         model.save(path)
         return keras.models.load_model(path)
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_module_on_backend(module, argument, backend):
+    """Runs `python -m module argument` with `KERAS_BACKEND=backend` on the
+    CPU, from the project root, and fails the test with its stderr if it
+    exits non-zero (each Keras backend needs a process of its own)."""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=backend,
+        JAX_PLATFORMS="cpu",
+        CUDA_VISIBLE_DEVICES="",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", module, str(argument)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -25,9 +25,7 @@ subprocess: `python -m tests.test_deploy WORKDIR` (see `_worker`).
 
 import io
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import zipfile
 
@@ -37,12 +35,11 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import to_np
+from tests.helpers import run_module_on_backend, to_np
 
 V, D, U = 12, 3, 4
 ATOL = 1e-5
 BACKEND = keras.backend.backend()
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEVICE_WORDS = ("cudnn", "cuda", "gpu", "device")
 
 
@@ -378,22 +375,7 @@ def test_trained_file_round_trips_between_backends(tmp_path):
     assert_outputs_close(saved["tensorflow"], predict(oracle, oracle_x), "oracle")
 
     for backend in OTHER_BACKENDS:
-        env = dict(
-            os.environ,
-            KERAS_BACKEND=backend,
-            JAX_PLATFORMS="cpu",
-            CUDA_VISIBLE_DEVICES="",
-            TF_CPP_MIN_LOG_LEVEL="2",
-        )
-        result = subprocess.run(
-            [sys.executable, "-m", "tests.test_deploy", str(tmp_path)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+        run_module_on_backend("tests.test_deploy", tmp_path, backend)
         saved[backend] = _load_npz(tmp_path / f"{backend}_own.npz")
 
     checked = []

@@ -21,9 +21,7 @@ with the reason.
 """
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import keras
@@ -31,10 +29,10 @@ import numpy as np
 import pytest
 
 import maskedrnn.export as mexport
+from tests.helpers import run_module_on_backend
 from tests.test_deploy import build_model, make_batch, predict
 
 BACKEND = keras.backend.backend()
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 ATOL = 1e-4
 INPUTS = ("ids", "feats", "lengths")
 
@@ -269,22 +267,7 @@ def _jax_export_worker(workdir):
 def jax_exports(model, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("jax_export")
     model.save(workdir / "model.keras")
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="jax",
-        JAX_PLATFORMS="cpu",
-        CUDA_VISIBLE_DEVICES="",
-        TF_CPP_MIN_LOG_LEVEL="2",
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.test_export", str(workdir)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_module_on_backend("tests.test_export", workdir, "jax")
     return workdir, json.loads((workdir / "errors.json").read_text())
 
 
