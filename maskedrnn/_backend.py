@@ -1,9 +1,14 @@
-"""The only backend-specific code of maskedrnn: whether a tensor has values now.
+"""Backend-specific questions of maskedrnn, answered in one place.
 
-Argument checks that need values (e.g. `lengths <= time`) run only when the
-tensor is concrete: eager TensorFlow, PyTorch outside `torch.compile` tracing,
-and JAX outside `jit` tracing. Inside compiled graphs they are skipped (see
-docs for what happens then).
+`is_concrete`: argument checks that need values (e.g. `lengths <= time`) run
+only when the tensor is concrete: eager TensorFlow, PyTorch outside
+`torch.compile` tracing, and JAX outside `jit` tracing. Inside compiled
+graphs they are skipped (see docs for what happens then).
+
+`prefers_generic_gru_loop`: which Keras GRU loop is faster on a JAX CPU.
+
+(PyTorch's native kernels, the one backend-specific compute path, live in
+`maskedrnn/_torch_kernels.py`.)
 """
 
 import keras
@@ -35,3 +40,24 @@ def is_concrete(x):
         f"maskedrnn does not know how to inspect tensors of the {backend!r} "
         "backend; use tensorflow, jax or torch."
     )
+
+
+def prefers_generic_gru_loop(inner):
+    """True for a GRU on the JAX backend on CPU left at `use_cudnn="auto"`.
+
+    There Keras' unmasked GRU kernel (`backend.gru`: a `lax.scan` over input
+    projections computed up front; JAX has no cuDNN GRU) runs the forward
+    pass 2.3-2.5x slower than Keras' generic step loop, and fwd+bwd within
+    ±15% of it (jitted, B=16..64, T=50..200, D=U=32..128; docs/benchmarks.md).
+    `MaskedBidirectional` then sets `use_cudnn=False` on its inner GRU copies,
+    which sends them to the generic loop, still without a mask. Not on a
+    GPU, where `backend.gru`'s one large input matmul is the better bet, and
+    not when the user asked for `use_cudnn=True`.
+    """
+    if keras.backend.backend() != "jax":
+        return False
+    if type(inner) is not keras.layers.GRU or inner.use_cudnn != "auto":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"

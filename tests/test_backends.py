@@ -22,7 +22,8 @@ Which function ends up computing on this machine (asserted below):
 |------------|-----------------------------------------|---------------------------|
 | tensorflow | `lstm`/`gru` decline -> `rnn` (no mask) | `lstm`/`gru` (cuDNN)      |
 | jax        | `lstm` declines -> `rnn` (no mask);     | `lstm` (cuDNN); `gru`     |
-|            | `gru` computes (`lax.scan`)             | (`lax.scan`)              |
+|            | GRUs skip `gru` -> `rnn` (no mask; see  | (`lax.scan`)              |
+|            | `_backend.prefers_generic_gru_loop`)    |                           |
 | torch      | PyTorch's `torch.lstm`/`gru` via        | `lstm`/`gru` (cuDNN)      |
 |            | `maskedrnn._torch_kernels` (no Keras    |                           |
 |            | call); with it turned off, `lstm`/`gru` |                           |
@@ -86,6 +87,12 @@ def fused_without_mask(cell):
     if BACKEND == "torch" or (BACKEND == "jax" and cell == "gru"):
         return True
     return _gpu_here()
+
+
+def generic_gru_loop_here(cell):
+    """Whether ours sends its GRUs to Keras' generic loop here (JAX on CPU,
+    where that loop is faster than Keras' GRU kernel; still no mask)."""
+    return cell == "gru" and BACKEND == "jax" and not _gpu_here()
 
 
 def native_kernels_here():
@@ -217,6 +224,13 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
         return
     if "native" in spies:
         assert spies["native"].calls == []
+    if generic_gru_loop_here(cell):
+        assert all(layer.use_cudnn is False for layer in inner)
+        assert spies["gru"].calls == [] and spies["lstm"].calls == []
+        generic = spies["rnn"]
+        assert generic.calls and len(generic.calls) % 2 == 0
+        assert generic.masks() == [None] * len(generic.calls)
+        return
     fused = spies[cell]
     assert fused.calls, f"backend.{cell} was never called"
     assert fused.masks() == [None] * len(fused.calls)
@@ -353,3 +367,26 @@ def test_fit_step_keras_bidirectional_passes_the_mask(spies):
         spy.clear()
     one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
     assert_keras_passed_mask(spies, "lstm")
+
+
+def test_jax_cpu_grus_take_the_generic_loop_unless_told_otherwise():
+    """On a JAX CPU, ours' GRU copies get use_cudnn=False (Keras' generic
+    loop, faster there than Keras' GRU kernel); the wrapped layer itself,
+    LSTMs and an explicit use_cudnn=True are left alone."""
+    if not generic_gru_loop_here("gru"):
+        pytest.skip("only on the JAX backend on CPU")
+    wrapped = keras.layers.GRU(U)
+    ours = MaskedBidirectional(wrapped)
+    assert wrapped.use_cudnn == "auto"
+    assert ours.forward_layer.use_cudnn is False
+    assert ours.backward_layer.use_cudnn is False
+    ours.build((None, None, D))
+    assert "generic step loop" in ours.kernel_info()["forward"]
+    config = ours.get_config()
+    assert "use_cudnn" not in config["layer"]["config"]
+    reloaded = MaskedBidirectional.from_config(config)
+    assert reloaded.forward_layer.use_cudnn is False
+    asked = MaskedBidirectional(keras.layers.GRU(U, use_cudnn=True))
+    assert asked.forward_layer.use_cudnn is True
+    lstm = MaskedBidirectional(keras.layers.LSTM(U))
+    assert lstm.forward_layer.use_cudnn == "auto"

@@ -281,6 +281,16 @@ class MaskedBidirectional(keras.layers.Layer):
         self.return_state = layer.return_state
         self.stateful = False
         self.supports_masking = True
+        self._generic_gru_loop = {}
+        for key, inner in (
+            ("forward", self.forward_layer),
+            ("backward", self.backward_layer),
+        ):
+            # JAX on CPU: Keras' generic loop beats its GRU kernel (see
+            # _backend.prefers_generic_gru_loop); the GRU still gets no mask.
+            self._generic_gru_loop[key] = _backend.prefers_generic_gru_loop(inner)
+            if self._generic_gru_loop[key]:
+                inner.use_cudnn = False
         self.uses_fast_path = all(
             type(inner) in _UNMASKED_TYPES and not inner.cell.recurrent_dropout
             for inner in (self.forward_layer, self.backward_layer)
@@ -403,6 +413,16 @@ class MaskedBidirectional(keras.layers.Layer):
                 info[key] = (
                     f"PyTorch's native {name} kernel, unmasked (torch backend "
                     "on CPU, where Keras would step through time in Python)"
+                )
+            elif self._generic_gru_loop[key]:
+                info[key] = (
+                    f"Keras {name}, unmasked, in Keras' generic step loop: on "
+                    "a JAX CPU it is faster than Keras' GRU kernel"
+                )
+            elif getattr(inner, "use_cudnn", "auto") is False:
+                info[key] = (
+                    f"Keras {name}, unmasked, in Keras' generic step loop "
+                    "(the wrapped layer has use_cudnn=False)"
                 )
             else:
                 info[key] = (
