@@ -28,12 +28,13 @@ _TANH = (keras.activations.tanh, torch.tanh, keras.ops.tanh)
 _RELU = (keras.activations.relu, torch.relu, keras.ops.relu)
 
 
-def unavailable_reason(inner, device):
+def unavailable_reason(inner, where):
     """Why `inner` cannot run on PyTorch's native kernel here, or None if it can.
 
     Args:
         inner: The inner RNN layer (built).
-        device: The `torch.device` (or its type as a string) of the inputs.
+        where: Where the data is: a tensor or Keras variable (its device), a
+            `torch.device`, or a device string such as `"cpu"` or `"cuda"`.
 
     Returns:
         None when `run` may be called; otherwise a sentence naming the
@@ -44,7 +45,7 @@ def unavailable_reason(inner, device):
         return (
             f"{kind.__name__} has no PyTorch kernel (LSTM, GRU and SimpleRNN do)"
         )
-    device_type = getattr(device, "type", device)
+    device_type = _device_type(where)
     if device_type == "cuda":
         return (
             "on CUDA, Keras' backend already calls PyTorch's cuDNN kernel for "
@@ -78,6 +79,19 @@ def unavailable_reason(inner, device):
     if kind is GRU and not cell.reset_after:
         return "GRU with reset_after=False (PyTorch's GRU is reset-after)"
     return None
+
+
+def _device_type(where):
+    """`"cpu"`, `"cuda"`, `"meta"`, ... for a device, tensor or variable."""
+    if isinstance(where, keras.Variable):
+        where = where.value
+    if isinstance(where, str):
+        where = torch.device(where)
+    if isinstance(where, torch.device):
+        return where.type
+    if isinstance(where, torch.Tensor):
+        return where.device.type
+    return _tensor(where).device.type  # numpy or lists: where Keras puts them
 
 
 def run(inner, x, initial_state):

@@ -57,16 +57,12 @@ def _torch_kernels():
     return _torch_kernels
 
 
-def _native_reason(inner, x):
-    """None when `inner` runs on PyTorch's native kernel for inputs `x` (or a
-    variable, for the device), else a sentence saying why not."""
+def _native_reason(inner, where):
+    """None when `inner` runs on PyTorch's native kernel for data on the
+    device of `where` (a tensor or variable), else a sentence saying why not."""
     if keras.backend.backend() != "torch":
         return f"the {keras.backend.backend()} backend (PyTorch kernels: torch only)"
-    tensor = x.value if isinstance(x, keras.Variable) else x
-    device = getattr(tensor, "device", None)
-    if device is None:  # not a torch tensor yet (numpy, list)
-        device = ops.convert_to_tensor(tensor).device
-    return _torch_kernels().unavailable_reason(inner, device)
+    return _torch_kernels().unavailable_reason(inner, where)
 
 
 def _take_at(seq, index):
