@@ -36,6 +36,16 @@ differences go in the table and the JSON (`max_abs_diff`,
 `max_abs_grad_diff`, and on torch `max_abs_diff_torch_packed`). The two
 ceilings are expected to differ wherever rows are padded.
 
+Which code computed each implementation is recorded too, on its first call
+(which is the trace under `tf.function` / `jax.jit`): the calls it made to
+Keras' backend RNN functions (`keras.src.backend.lstm`, `gru`, `rnn`), each
+with whether it got a mask and whether it computed or declined (a declined
+fused kernel raises NotImplementedError and the layer falls back to `rnn`),
+and to PyTorch's native kernels (`maskedrnn._torch_kernels.run`). The table
+ends with one line per implementation (`kernels` in the JSON rows): on a GPU
+this is how a run shows that ours reached the cuDNN kernel without a mask
+while Keras' masked layer fell back to its step loop.
+
 Example:
 
 ```
@@ -45,6 +55,7 @@ KERAS_BACKEND=torch python -m maskedrnn.bench --preset gpu --mode both \\
 """
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -672,11 +683,17 @@ def _time_all(harness, impls, modes, make_step, settings, args):
         reference[mode] = _to_numpy(harness, steps[name, mode](), mode)
         progress.step(f"check {mode} {name}")
 
-    # Warm-up; the first call of each case is the correctness check.
-    checks = {}
+    # Warm-up; the first call of each case is the correctness check and
+    # records which kernels ran (a trace, under tf.function / jax.jit).
+    checks, kernels = {}, {}
     for name, mode in cases:
         for i in range(warmup):
-            result = steps[name, mode]()
+            if i == 0:
+                with _KernelRecorder() as recorder:
+                    result = steps[name, mode]()
+                kernels[name, mode] = recorder.summary()
+            else:
+                result = steps[name, mode]()
             harness.block(result)
             if i == 0:
                 checks[name, mode] = _to_numpy(harness, result, mode)
@@ -716,6 +733,7 @@ def _time_all(harness, impls, modes, make_step, settings, args):
             "reference": REFERENCE,
             "max_abs_diff": _max_abs_diff(out, ref_out),
             "expected_to_match": name not in CEILINGS,
+            "kernels": kernels[name, mode],
         }
         if grads is not None:
             # Weight gradients compare where the weight layout is Keras'.
@@ -732,6 +750,68 @@ def _time_all(harness, impls, modes, make_step, settings, args):
                 )
         rows.append(row)
     return rows
+
+
+class _KernelRecorder:
+    """Records the RNN kernel calls made while it is active (a `with` block).
+
+    Wraps `keras.src.backend.lstm`, `gru` and `rnn` (the module attributes
+    Keras' LSTM/GRU/RNN layers look up at call time) and, on the torch
+    backend, `maskedrnn._torch_kernels.run`; each call appends a short
+    description such as "backend.lstm computed, no mask".
+    """
+
+    _KERAS = ("lstm", "gru", "rnn")
+
+    def __init__(self):
+        from keras.src import backend as keras_backend
+
+        self.calls = []
+        self._targets = [(keras_backend, name) for name in self._KERAS]
+        if keras.backend.backend() == "torch":
+            from maskedrnn import _torch_kernels
+
+            self._targets.append((_torch_kernels, "run"))
+        self._saved = []
+
+    def _wrap(self, name, original):
+        label = "torch native kernel" if name == "run" else f"backend.{name}"
+        signature = inspect.signature(original)
+
+        def recorder(*args, **kwargs):
+            mask = signature.bind(*args, **kwargs).arguments.get("mask")
+            masked = "no mask" if mask is None else "with a mask"
+            try:
+                out = original(*args, **kwargs)
+            except NotImplementedError:
+                self.calls.append(f"{label} declined, {masked}")
+                raise
+            self.calls.append(f"{label} computed, {masked}")
+            return out
+
+        return recorder
+
+    def __enter__(self):
+        for module, name in self._targets:
+            original = getattr(module, name)
+            self._saved.append((module, name, original))
+            setattr(module, name, self._wrap(name, original))
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, original in self._saved:
+            setattr(module, name, original)
+        self._saved = []
+        return False
+
+    def summary(self):
+        """"backend.lstm computed, no mask x2; ..." in order of first call."""
+        counts = {}
+        for call in self.calls:
+            counts[call] = counts.get(call, 0) + 1
+        if not counts:
+            return "no Keras RNN function or native kernel called"
+        return "; ".join(f"{call} x{n}" for call, n in counts.items())
 
 
 def _to_numpy(harness, result, mode):
@@ -812,6 +892,10 @@ def format_table(results):
         "input and, for Keras layouts, weight gradients)."
     )
     lines.append("* ceiling: runs over the padding, so its results are wrong.")
+    lines.append("kernels (first call of each; Keras' backend RNN functions, torch's):")
+    for r in results["rows"]:
+        if "kernels" in r:
+            lines.append(f"  {r['mode']:<6} {r['impl']:<19} {r['kernels']}")
     for mode, ratios in results["ratios"].items():
         if ratios:
             parts = ", ".join(f"{k} = {v:.2f}" for k, v in ratios.items())

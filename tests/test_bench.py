@@ -104,6 +104,31 @@ def test_unmasked_ceilings_differ_on_padded_rows(lstm_run):
             assert row["max_abs_grad_diff"] > 1e-3, row
 
 
+def test_records_which_kernels_each_implementation_ran(lstm_run):
+    """Ours never hands a mask to an RNN kernel; Keras' masked layer does
+    (and its fused kernel declines it). The oracle for the recorder itself
+    is that contrast, plus PyTorch's own modules calling none of them."""
+    results, _ = lstm_run
+    rows = by_case(results)
+    for mode in ("train", "infer"):
+        for name in ("maskedrnn", "maskedrnn_lengths"):
+            kernels = rows[name, mode]["kernels"]
+            assert "with a mask" not in kernels
+            if BACKEND == "torch":
+                assert kernels == "torch native kernel computed, no mask x2"
+            else:
+                assert "backend.lstm" in kernels and "no mask" in kernels
+        masked = rows["keras_masked", mode]["kernels"]
+        assert "backend.lstm declined, with a mask x2" in masked
+        assert "backend.rnn computed, with a mask x2" in masked
+        assert "with a mask" not in rows["keras_unmasked", mode]["kernels"]
+        if BACKEND == "torch":
+            for name in bench.TORCH_ONLY:
+                assert rows[name, mode]["kernels"].startswith("no Keras RNN")
+    table = bench.format_table(results)
+    assert rows["keras_masked", "train"]["kernels"] in table
+
+
 def test_table_lists_every_row_and_ratio(lstm_run, capsys):
     results, _ = lstm_run
     table = bench.format_table(results)
