@@ -228,9 +228,9 @@ def _combine_adjacent(a, b):
     Pads an odd-length time axis with the identity map (a=1, b=0), then
     composes steps 2k and 2k+1: `c -> a2 * (a1 * c + b1) + b2`.
     """
-    odd = ops.shape(a)[1] % 2
-    a = ops.concatenate([a, ops.ones_like(a[:, :odd])], axis=1)
-    b = ops.concatenate([b, ops.zeros_like(b[:, :odd])], axis=1)
+    if a.shape[1] % 2:  # static: only called with a known time axis
+        a = ops.concatenate([a, ops.ones_like(a[:, :1])], axis=1)
+        b = ops.concatenate([b, ops.zeros_like(b[:, :1])], axis=1)
     a1, a2 = a[:, 0::2], a[:, 1::2]
     b1, b2 = b[:, 0::2], b[:, 1::2]
     return a1 * a2, a2 * b1 + b2

@@ -88,12 +88,19 @@ def _lstm_cell_state_at_length(cell, x, h_seq, h0, c0, lengths):
     h0 = ops.cast(h0, "float32")
     c0 = ops.cast(c0, "float32")
     h_prev = ops.concatenate([ops.expand_dims(h0, 1), h_seq[:, :-1]], axis=1)
-    z = ops.matmul(x, ops.cast(cell.kernel, "float32"))
-    z = z + ops.matmul(h_prev, ops.cast(cell.recurrent_kernel, "float32"))
+    # Keras LSTM gate order: input, forget, candidate (c), output. The output
+    # gate does not enter c, so only the first 3 * units columns are needed;
+    # [x_t, h_{t-1}] @ [kernel; recurrent_kernel] is one matmul for both.
+    n = 3 * cell.units
+    weights = ops.concatenate(
+        [cell.kernel[:, :n], cell.recurrent_kernel[:, :n]], axis=0
+    )
+    z = ops.matmul(
+        ops.concatenate([x, h_prev], axis=-1), ops.cast(weights, "float32")
+    )
     if cell.use_bias:
-        z = z + ops.cast(cell.bias, "float32")
-    # Keras LSTM gate order: input, forget, candidate (c), output.
-    z_i, z_f, z_c, _ = ops.split(z, 4, axis=-1)
+        z = z + ops.cast(cell.bias[:n], "float32")
+    z_i, z_f, z_c = ops.split(z, 3, axis=-1)
     i = cell.recurrent_activation(z_i)
     f = cell.recurrent_activation(z_f)
     g = cell.activation(z_c)
