@@ -185,6 +185,13 @@ def build_parser():
         "default uniform:0.2), 'full' or 'fixed:N'",
     )
     parser.add_argument("--mode", choices=("train", "infer", "both"), default="both")
+    parser.add_argument(
+        "--return-state",
+        action="store_true",
+        help="the layers also return their final states, which enter the "
+        "timed output (and so the loss and the checks): adds ours' exact "
+        "LSTM cell-state work",
+    )
     parser.add_argument("--repeats", type=int, help="timed runs per case")
     parser.add_argument("--warmup", type=int, help="untimed runs first (>= 1)")
     parser.add_argument(
@@ -449,7 +456,7 @@ class _TorchHarness:
         module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
         return module.to(self.device)
 
-    def torch_step(self, module, packed, mode, x, w, lengths):
+    def torch_step(self, module, packed, mode, x, w, lengths, return_state=False):
         torch = self.torch
         pack = torch.nn.utils.rnn.pack_padded_sequence
         unpack = torch.nn.utils.rnn.pad_packed_sequence
@@ -460,10 +467,19 @@ class _TorchHarness:
 
         def forward(x):
             if not packed:
-                return module(x)[0]
-            seq = pack(x, lengths_cpu, batch_first=True, enforce_sorted=False)
-            y, _ = unpack(module(seq)[0], batch_first=True, total_length=total)
-            return y
+                y, hidden = module(x)
+            else:
+                seq = pack(x, lengths_cpu, batch_first=True, enforce_sorted=False)
+                y, hidden = module(seq)
+                y, _ = unpack(y, batch_first=True, total_length=total)
+            if not return_state:
+                return y
+            # PyTorch's states are (2, batch, units) per kind (h, and c for
+            # an LSTM): direction 0 forward, 1 backward, as ours' order.
+            hidden = hidden if isinstance(hidden, tuple) else (hidden,)
+            return _states_into_sequence(
+                y, *[h[0] for h in hidden], *[h[1] for h in hidden]
+            )
 
         return self._step(forward, list(module.parameters()), mode, x, w)
 
@@ -529,9 +545,38 @@ def _max_abs_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
-def _make_cell(cell, units):
+def _make_cell(cell, units, return_state=False):
     cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
-    return cls(units, return_sequences=True)
+    return cls(units, return_sequences=True, return_state=return_state)
+
+
+class _StatesIntoSequence(keras.layers.Layer):
+    """`--return-state`: wraps a bidirectional layer that returns
+    `[sequence, forward states..., backward states...]` and returns one
+    `(batch, time, 2 * units)` tensor, the sequence plus, broadcast over
+    time, each state kind with its two directions concatenated. So the
+    timed output, the loss and the checks all depend on the final states.
+    """
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        self.layer = layer
+
+    def build(self, input_shape):
+        if not self.layer.built:
+            self.layer.build(input_shape)
+
+    def call(self, x, **kwargs):
+        return _states_into_sequence(*self.layer(x, **kwargs))
+
+
+def _states_into_sequence(sequence, *states):
+    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps."""
+    half = len(states) // 2
+    for forward, backward in zip(states[:half], states[half:]):
+        both = keras.ops.concatenate([forward, backward], axis=-1)
+        sequence = sequence + keras.ops.expand_dims(both, 1)
+    return sequence
 
 
 def _settings(args, gpu):
@@ -607,10 +652,18 @@ def run(args):
         w = harness.tensor(w_np)
         mask = harness.tensor(mask_np)
         lengths_t = harness.tensor(lengths)
-        keras_layer = keras.layers.Bidirectional(_make_cell(args.cell, u))
-        ours = MaskedBidirectional(_make_cell(args.cell, u))
+        keras_layer = keras.layers.Bidirectional(
+            _make_cell(args.cell, u, args.return_state)
+        )
+        ours = MaskedBidirectional(_make_cell(args.cell, u, args.return_state))
         keras_layer.build((None, None, d))
         ours.build((None, None, d))
+        ours_timed, keras_timed = ours, keras_layer
+        if args.return_state:
+            ours_timed = _StatesIntoSequence(ours, name="ours_with_states")
+            keras_timed = _StatesIntoSequence(keras_layer, name="keras_with_states")
+            ours_timed.build((None, None, d))
+            keras_timed.build((None, None, d))
         # Weights from --seed, the same on every backend, different in each
         # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
         bound = 1 / math.sqrt(u)
@@ -623,16 +676,19 @@ def run(args):
 
         def make_step(name, mode):
             if name == "maskedrnn":
-                return harness.keras_step(ours, mode, x, w, {"mask": mask})
+                return harness.keras_step(ours_timed, mode, x, w, {"mask": mask})
             if name == "maskedrnn_lengths":
-                return harness.keras_step(ours, mode, x, w, {"lengths": lengths_t})
+                kwargs = {"lengths": lengths_t}
+                return harness.keras_step(ours_timed, mode, x, w, kwargs)
             if name == "keras_masked":
-                return harness.keras_step(keras_layer, mode, x, w, {"mask": mask})
+                return harness.keras_step(keras_timed, mode, x, w, {"mask": mask})
             if name == "keras_unmasked":
-                return harness.keras_step(keras_layer, mode, x, w, {})
+                return harness.keras_step(keras_timed, mode, x, w, {})
             module = harness.torch_module(args.cell, keras_layer, u)
             packed = name == "torch_packed"
-            return harness.torch_step(module, packed, mode, x, w, lengths)
+            return harness.torch_step(
+                module, packed, mode, x, w, lengths, args.return_state
+            )
 
         rows = _time_all(harness, impls, modes, make_step, settings, args)
 
@@ -657,6 +713,7 @@ def run(args):
             "preset": settings["preset"],
             "seed": args.seed,
             "threads": args.threads,
+            "return_state": args.return_state,
         },
         "environment": _environment(backend, harness),
         "rows": rows,
@@ -865,7 +922,8 @@ def format_table(results):
         f"backend {c['backend']} on {results['environment']['device']}, "
         f"{c['cell'].upper()}, B={c['batch']} T={c['time']} D={c['features']} "
         f"U={c['units']}, lengths {c['lengths']} (mean {c['mean_length']:.1f}, "
-        f"{100 * c['padding_fraction']:.0f}% padding), median of "
+        f"{100 * c['padding_fraction']:.0f}% padding)"
+        f"{', with final states' if c.get('return_state') else ''}, median of "
         f"{c['repeats']} after {c['warmup']} warm-up",
         "",
     ]
