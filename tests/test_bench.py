@@ -155,6 +155,42 @@ def test_plot_without_matplotlib_fails_early_and_says_how(monkeypatch, tmp_path)
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_return_state_puts_the_final_states_into_the_checked_output(cell):
+    """--return-state: the timed output includes the final states, so ours
+    (and PyTorch's packed module, whose h_n/c_n are mapped to Keras' order)
+    must match Keras' masked states too, and the ceilings' wrong states show."""
+    results = bench.run(
+        bench.build_parser().parse_args(
+            TINY + QUICK + ["--cell", cell, "--return-state", "--lengths", "fixed:3"]
+        )
+    )
+    assert results["config"]["return_state"] is True
+    rows = by_case(results)
+    for (name, mode), row in rows.items():
+        if name in bench.CEILINGS:
+            assert row["max_abs_diff"] > 1e-3, row
+            continue
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        if mode == "train":
+            assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    assert "with final states" in bench.format_table(results)
+
+
+def test_states_enter_the_timed_output_at_every_step():
+    """`_states_into_sequence` (numpy oracle): sequence + [fwd_k, bwd_k] for
+    each state kind k, broadcast over time."""
+    rng = np.random.default_rng(0)
+    seq = rng.standard_normal((2, 3, 4)).astype("float32")
+    h_f, c_f, h_b, c_b = (rng.standard_normal((2, 2)).astype("float32") for _ in "1234")
+    tensors = [keras.ops.convert_to_tensor(a) for a in (seq, h_f, c_f, h_b, c_b)]
+    got = bench._states_into_sequence(*tensors)
+    states = np.concatenate([h_f, h_b], -1) + np.concatenate([c_f, c_b], -1)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(got), seq + states[:, None, :], rtol=1e-6
+    )
+
+
 def test_gru_subset_is_checked_against_an_untimed_reference(tmp_path):
     """--impl without keras_masked: the reference still runs (untimed), and
     the GRU path (and on torch the GRU weight conversion) is checked."""
