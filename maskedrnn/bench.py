@@ -561,6 +561,7 @@ class _StatesIntoSequence(keras.layers.Layer):
     def __init__(self, layer, **kwargs):
         super().__init__(**kwargs)
         self.layer = layer
+        self.supports_masking = True  # `mask=` goes on to `layer`
 
     def build(self, input_shape):
         if not self.layer.built:

@@ -125,23 +125,31 @@ def save_and_load(model):
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def run_module_on_backend(module, argument, backend):
-    """Runs `python -m module argument` with `KERAS_BACKEND=backend` on the
-    CPU, from the project root, and fails the test with its stderr if it
-    exits non-zero (each Keras backend needs a process of its own)."""
-    env = dict(
+def run_python(argv, backend, **env):
+    """Runs `python *argv` with `KERAS_BACKEND=backend` on the CPU, from the
+    project root (each Keras backend needs a process of its own), plus any
+    `env` variables; fails the test with its stderr if it exits non-zero.
+    Returns its stdout."""
+    full_env = dict(
         os.environ,
         KERAS_BACKEND=backend,
         JAX_PLATFORMS="cpu",
         CUDA_VISIBLE_DEVICES="",
-        TF_CPP_MIN_LOG_LEVEL="2",
+        TF_CPP_MIN_LOG_LEVEL="3",
     )
+    full_env.update(env)
     result = subprocess.run(
-        [sys.executable, "-m", module, str(argument)],
+        [sys.executable, *argv],
         cwd=ROOT,
-        env=env,
+        env=full_env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def run_module_on_backend(module, argument, backend):
+    """`python -m module argument` under `backend` (see `run_python`)."""
+    run_python(["-m", module, str(argument)], backend)

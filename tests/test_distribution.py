@@ -17,15 +17,11 @@ hold different padding. Losses and final weights must agree (rtol 1e-5).
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import BACKEND
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import BACKEND, run_python
 
 COMMON = r"""
 import json
@@ -115,18 +111,8 @@ print(json.dumps({"replicas": len(jax.devices()), "copies": copies,
 
 
 def run_script(script, backend, **env):
-    full_env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-    full_env.update(env)
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=full_env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run_python(["-c", script], backend, **env)
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def assert_same_training(result):
