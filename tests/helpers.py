@@ -10,6 +10,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from maskedrnn import MaskedBidirectional
+
 BACKEND = keras.backend.backend()
 
 
@@ -21,6 +23,23 @@ def to_np(x):
 
 def flat(outputs):
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def masked_pair(kind, units, features, **kw):
+    """(MaskedBidirectional, Keras' masked Bidirectional oracle) around the same
+    `kind` ("lstm" or "gru") layer, built on `(None, None, features)` with the
+    same weights. The oracle's inner layers use Keras' generic masked loop
+    (`use_cudnn=False`). `return_sequences` and `return_state` default to True.
+    """
+    kw.setdefault("return_sequences", True)
+    kw.setdefault("return_state", True)
+    cls = getattr(keras.layers, kind.upper())
+    ref = keras.layers.Bidirectional(cls(units, use_cudnn=False, **kw))
+    ref.build((None, None, features))
+    ours = MaskedBidirectional(cls(units, **kw))
+    ours.build((None, None, features))
+    ours.set_weights(ref.get_weights())
+    return ours, ref
 
 
 def loss_and_grads(layer, x, **call_kwargs):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import BACKEND, flat, loss_and_grads, to_np
+from tests.helpers import BACKEND, flat, loss_and_grads, masked_pair, to_np
 
 B, T, D, U = 4, 5, 2, 3
 TF_ONLY = pytest.mark.skipif(
@@ -43,15 +43,7 @@ def layer(kind="gru", **kw):
 
 def pair(kind="gru", **kw):
     """(ours, Keras' masked Bidirectional) with the same weights."""
-    kw.setdefault("return_sequences", True)
-    kw.setdefault("return_state", True)
-    cls = getattr(keras.layers, kind.upper())
-    ref = keras.layers.Bidirectional(cls(U, use_cudnn=False, **kw))
-    ref.build((None, None, D))
-    ours = MaskedBidirectional(cls(U, **kw))
-    ours.build((None, None, D))
-    ours.set_weights(ref.get_weights())
-    return ours, ref
+    return masked_pair(kind, U, D, **kw)
 
 
 def assert_close(actual, expected, atol=1e-5):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import BACKEND, flat, to_np
+from tests.helpers import BACKEND, flat, masked_pair, to_np
 
 D, U = 2, 3
 ATOL = 1e-5
@@ -27,14 +27,7 @@ def only(backend):
 
 
 def make_pair(kind="lstm"):
-    cls = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
-    kw = dict(return_sequences=True, return_state=True)
-    ref = keras.layers.Bidirectional(cls(U, use_cudnn=False, **kw))
-    ref.build((None, None, D))
-    ours = MaskedBidirectional(cls(U, **kw))
-    ours.build((None, None, D))
-    ours.set_weights(ref.get_weights())
-    return ours, ref
+    return masked_pair(kind, U, D)
 
 
 def data(batch, time, seed=0):
