@@ -24,7 +24,12 @@ BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
 QUICK = ["--repeats", "2", "--warmup", "1", "--no-progress", "--seed", "0"]
 ALL_IMPLS = [n for n in bench.IMPLS if BACKEND == "torch" or n not in bench.TORCH_ONLY]
+# float32 against Keras' float32 loop; tests/conftest.py turns TF32 off on
+# CUDA, where cuDNN's different summation order stays well inside this.
 MATCH_ATOL = 1e-4
+GPU = bench.gpu_available(BACKEND)
+# cuDNN computes the unmasked LSTMs only on a CUDA device (torch, JAX).
+GPU_CUDNN = GPU and BACKEND in ("torch", "jax")
 
 
 @pytest.fixture(scope="module")
@@ -107,26 +112,47 @@ def test_unmasked_ceilings_differ_on_padded_rows(lstm_run):
 def test_records_which_kernels_each_implementation_ran(lstm_run):
     """Ours never hands a mask to an RNN kernel; Keras' masked layer does
     (and its fused kernel declines it). The oracle for the recorder itself
-    is that contrast, plus PyTorch's own modules calling none of them."""
+    is that contrast, plus PyTorch's own modules calling none of them.
+    Device-aware: on CUDA/GPU ours and Keras' unmasked layer must reach
+    cuDNN, on a CPU nothing does (tests/test_bench_kernels.py drives the
+    spies through Keras' cuDNN branches with a faked device)."""
     results, _ = lstm_run
     rows = by_case(results)
     for mode in ("train", "infer"):
         for name in ("maskedrnn", "maskedrnn_lengths"):
-            kernels = rows[name, mode]["kernels"]
-            assert "with a mask" not in kernels
-            if BACKEND == "torch":
-                assert kernels == "torch native kernel computed, no mask x2"
+            row = rows[name, mode]
+            assert "with a mask" not in row["kernels"]
+            assert all(c["mask"] in (None, False) for c in row["kernel_calls"])
+            if BACKEND == "torch" and not GPU:
+                assert row["kernels"] == "torch native kernel computed x2"
+            elif BACKEND == "torch":
+                assert "backend.lstm computed, no mask x2" in row["kernels"]
+                assert "torch cuDNN _cudnn_lstm computed x2" in row["kernels"]
+                assert "_fallback_lstm" not in row["kernels"]
             else:
-                assert "backend.lstm" in kernels and "no mask" in kernels
-        masked = rows["keras_masked", mode]["kernels"]
-        assert "backend.lstm declined, with a mask x2" in masked
-        assert "backend.rnn computed, with a mask x2" in masked
-        assert "with a mask" not in rows["keras_unmasked", mode]["kernels"]
+                assert "backend.lstm" in row["kernels"] and "no mask" in row["kernels"]
+            assert row["cudnn"] == ("computed" if GPU_CUDNN else "not called"), row
+        masked = rows["keras_masked", mode]
+        assert "backend.lstm declined, with a mask x2" in masked["kernels"]
+        assert "backend.rnn computed, with a mask x2" in masked["kernels"]
+        assert masked["cudnn"] == "not called"
+        unmasked = rows["keras_unmasked", mode]
+        assert "with a mask" not in unmasked["kernels"]
+        if BACKEND in ("torch", "jax"):
+            # Keras 3.15 tries one fused bidirectional cuDNN call first.
+            fused = "backend.bidirectional_lstm computed, no mask x1"
+            declined = "backend.bidirectional_lstm declined, no mask x1"
+            assert (fused if GPU_CUDNN else declined) in unmasked["kernels"]
+            assert unmasked["cudnn"] == ("computed" if GPU_CUDNN else "not called")
+        if BACKEND == "torch" and not GPU:
+            assert "torch Python loop _fallback_lstm computed x2" in unmasked["kernels"]
         if BACKEND == "torch":
             for name in bench.TORCH_ONLY:
                 assert rows[name, mode]["kernels"].startswith("no Keras RNN")
+                assert rows[name, mode]["cudnn"] == "not called"
     table = bench.format_table(results)
     assert rows["keras_masked", "train"]["kernels"] in table
+    assert "[cuDNN: not called]" in table
 
 
 def test_table_lists_every_row_and_ratio(lstm_run, capsys):
@@ -184,7 +210,7 @@ def test_states_enter_the_timed_output_at_every_step():
     seq = rng.standard_normal((2, 3, 4)).astype("float32")
     h_f, c_f, h_b, c_b = (rng.standard_normal((2, 2)).astype("float32") for _ in "1234")
     tensors = [keras.ops.convert_to_tensor(a) for a in (seq, h_f, c_f, h_b, c_b)]
-    got = bench._states_into_sequence(*tensors)
+    got = bench.states_into_sequence(*tensors)
     states = np.concatenate([h_f, h_b], -1) + np.concatenate([c_f, c_b], -1)
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(got), seq + states[:, None, :], rtol=1e-6
@@ -275,7 +301,7 @@ def test_jax_threads_must_be_set_before_jax_starts():
 
 
 def test_gpu_request_without_gpu_is_refused():
-    if bench._gpu_available(BACKEND):
+    if bench.gpu_available(BACKEND):
         pytest.skip("a GPU is visible to this backend")
     with pytest.raises(SystemExit, match="no GPU is visible"):
         bench.main(TINY + QUICK + ["--device", "gpu"])
@@ -302,3 +328,118 @@ def test_gpu_preset_is_the_reference_size():
         512,
         512,
     ]
+
+
+# ------------------------------------------------ padding layouts (--padding)
+
+
+def test_make_mask_puts_the_valid_steps_where_each_padding_says():
+    lengths = np.array([3, 1, 5, 2])
+    post = bench.make_mask(lengths, 5, "post")
+    pre = bench.make_mask(lengths, 5, "pre")
+    holes = bench.make_mask(lengths, 5, "holes", seed=1)
+    # numpy oracle: post = a prefix, pre = a suffix (the reversed prefix).
+    prefix = np.array([[j < n for j in range(5)] for n in lengths])
+    np.testing.assert_array_equal(post, prefix)
+    np.testing.assert_array_equal(pre, prefix[:, ::-1])
+    np.testing.assert_array_equal(holes.sum(1), lengths)
+    assert not np.array_equal(holes, post) and not np.array_equal(holes, pre)
+    with pytest.raises(ValueError, match="padding must be one of"):
+        bench.make_mask(lengths, 5, "middle")
+
+
+def test_valid_first_order_moves_valid_steps_first_and_back():
+    mask = bench.make_mask(np.array([2, 4, 1]), 6, "holes", seed=3)
+    order, inverse = bench.valid_first_order(mask)
+    steps = np.tile(np.arange(6), (3, 1))
+    moved = np.take_along_axis(steps, order, 1)
+    for row, n in enumerate(mask.sum(1)):
+        # The valid steps, in their order, then the padded ones.
+        np.testing.assert_array_equal(moved[row, :n], np.flatnonzero(mask[row]))
+    np.testing.assert_array_equal(np.take_along_axis(moved, inverse, 1), steps)
+
+
+@pytest.mark.parametrize("padding", ["pre", "holes"])
+def test_pre_padding_and_holes_are_checked_like_post(padding):
+    """--padding pre|holes: every exact implementation (on torch PyTorch's
+    packed module too, which must gather the valid steps first and scatter
+    them back) matches Keras' masked layer, the ceilings do not, and
+    `lengths=` (right-padded rows only) is left out."""
+    argv = TINY + QUICK + ["--padding", padding, "--return-state"]
+    results = bench.main(argv)
+    assert results["config"]["padding"] == padding
+    impls = results["config"]["impls"]
+    assert "maskedrnn_lengths" not in impls
+    assert set(impls) == set(ALL_IMPLS) - {"maskedrnn_lengths"}
+    for row in results["rows"]:
+        if row["impl"] in bench.CEILINGS:
+            assert row["max_abs_diff"] > 1e-3, row
+            continue
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        if row["mode"] == "train":
+            assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    assert f"{padding}-padded" in bench.format_table(results)
+
+
+def test_lengths_implementation_needs_post_padding():
+    with pytest.raises(SystemExit, match="needs --padding post; got --padding pre"):
+        bench.main(TINY + QUICK + ["--padding", "pre", "--impl", "maskedrnn_lengths"])
+
+
+# ------------------------------------------------------- what the JSON records
+
+
+def test_json_records_device_versions_spread_and_kernels(lstm_run):
+    results, _ = lstm_run
+    env = results["environment"]
+    for key in ("python", "keras", "numpy", "maskedrnn", "device", "cpu_count"):
+        assert env[key] not in (None, ""), key
+    if BACKEND == "torch":
+        import torch
+
+        assert env["torch"] == torch.__version__
+        assert "torch_cuda" in env
+        if GPU:
+            assert env["device"] == f"cuda: {torch.cuda.get_device_name(0)}"
+            assert env["cuda_device_name"] == torch.cuda.get_device_name()
+    elif BACKEND == "jax":
+        import jax
+
+        assert env["jax"] == jax.__version__ and env["jaxlib"]
+        assert env["jax_devices"] == [
+            f"{d.platform}: {d.device_kind}" for d in jax.devices()
+        ]
+    else:
+        import tensorflow as tf
+
+        assert env["tensorflow"] == tf.__version__
+    if not GPU:
+        assert env["device"] == "cpu"
+    for row in results["rows"]:
+        assert row["iqr_ms"] == pytest.approx(row["p75_ms"] - row["p25_ms"])
+        assert row["cudnn"] in ("computed", "failed, fell back", "not called")
+        assert bench.cudnn_verdict(row["kernel_calls"]) == row["cudnn"]
+
+
+def test_thread_count_is_chosen_and_said(lstm_run):
+    results, _ = lstm_run
+    config = results["config"]
+    assert config["threads_note"] in bench.format_table(results)
+    if BACKEND == "torch" and not GPU:
+        # 1 intra-op thread on a CPU unless --threads says otherwise; the
+        # caller's own setting is put back afterwards.
+        assert config["threads"] == 1
+        assert "1 intra-op thread" in config["threads_note"]
+        import torch
+
+        before = torch.get_num_threads()
+        again = bench.run(
+            bench.build_parser().parse_args(
+                TINY + QUICK + ["--mode", "infer", "--impl", "maskedrnn"]
+            )
+        )
+        assert again["config"]["threads"] == 1
+        assert torch.get_num_threads() == before
+    else:
+        assert config["threads"] is None
+        assert "--threads 1" in config["threads_note"]

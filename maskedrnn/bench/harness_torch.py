@@ -1,0 +1,158 @@
+"""The PyTorch harness: eager (forward under `torch.no_grad()` for
+`"infer"`); timing waits with `torch.cuda.synchronize()` on CUDA (CPU ops
+are synchronous). Also builds PyTorch's own `nn.LSTM/GRU(bidirectional=True)`
+with the Keras layer's weights (`torch_packed`, `torch_unpacked`)."""
+
+
+
+def gpu_available():
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def set_threads(threads):
+    import torch
+
+    torch.set_num_threads(threads)
+    return f"{threads} intra-op thread(s) (torch.set_num_threads)"
+
+
+# PyTorch's CPU performance guide: for small models, few intra-op threads
+# per process; a pool as wide as the machine spins against other load.
+AUTO_THREADS = 1
+
+
+def default_threads_note():
+    return (
+        f"{AUTO_THREADS} intra-op thread, chosen by the bench on CPU "
+        "(torch.set_num_threads): PyTorch's advice for small models; a pool "
+        "as wide as the machine spins against other load (--threads N to "
+        "change)"
+    )
+
+
+class Harness:
+    """Eager PyTorch; syncs with torch.cuda.synchronize() on CUDA."""
+
+    def __init__(self, gpu):
+        import torch
+
+        self.torch = torch
+        self.gpu = gpu
+        self.device = torch.device("cuda" if gpu else "cpu")
+
+    def tensor(self, array):
+        return self.torch.as_tensor(array, device=self.device)
+
+    def _step(self, forward, params, mode, x, w):
+        torch = self.torch
+        if mode == "infer":
+
+            def step():
+                with torch.no_grad():
+                    return forward(x)
+
+            return step
+
+        def step():
+            x_leaf = x.detach().requires_grad_(True)
+            y = forward(x_leaf)
+            loss = (y * w).sum()
+            grads = torch.autograd.grad(loss, [x_leaf] + params)
+            return y, list(grads)
+
+        return step
+
+    def keras_step(self, layer, mode, x, w, kwargs):
+        params = [v.value for v in layer.trainable_variables]
+        training = mode == "train"
+        return self._step(
+            lambda x: layer(x, training=training, **kwargs), params, mode, x, w
+        )
+
+    def torch_module(self, cell, keras_layer, units):
+        """nn.LSTM/GRU(bidirectional) with `keras_layer`'s weights."""
+        from maskedrnn.convert import keras_to_torch_state_dict
+
+        torch = self.torch
+        features = keras_layer.forward_layer.cell.kernel.shape[0]
+        cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+        module = cls(features, units, batch_first=True, bidirectional=True)
+        state = keras_to_torch_state_dict([keras_layer.get_weights()])
+        module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+        return module.to(self.device)
+
+    def torch_step(
+        self, module, packed, mode, x, w, lengths, return_state=False, order=None
+    ):
+        """A step of PyTorch's module; `order` (from
+        `config.valid_first_order`, for pre-padded data or holes) makes the
+        packed module gather each row's valid steps first and scatter its
+        outputs back, inside the timed step, as a PyTorch user must."""
+        torch = self.torch
+        pack = torch.nn.utils.rnn.pack_padded_sequence
+        unpack = torch.nn.utils.rnn.pad_packed_sequence
+        # pack_padded_sequence wants the lengths on the CPU (it copies them
+        # there otherwise): made once, outside the timed region, as are the
+        # index tensors.
+        lengths_cpu = torch.as_tensor(lengths, dtype=torch.int64)
+        total = x.shape[1]
+        if packed and order is not None:
+            rows = torch.arange(x.shape[0], device=self.device)[:, None]
+            gather = torch.as_tensor(order[0], device=self.device)
+            scatter = torch.as_tensor(order[1], device=self.device)
+
+        def forward(x):
+            if not packed:
+                y, hidden = module(x)
+            else:
+                if order is not None:
+                    x = x[rows, gather]
+                seq = pack(x, lengths_cpu, batch_first=True, enforce_sorted=False)
+                y, hidden = module(seq)
+                y, _ = unpack(y, batch_first=True, total_length=total)
+                if order is not None:
+                    y = y[rows, scatter]
+            if not return_state:
+                return y
+            from maskedrnn.bench.timing import states_into_sequence
+
+            # PyTorch's states are (2, batch, units) per kind (h, and c for
+            # an LSTM): direction 0 forward, 1 backward, as ours' order.
+            hidden = hidden if isinstance(hidden, tuple) else (hidden,)
+            return states_into_sequence(
+                y, *[h[0] for h in hidden], *[h[1] for h in hidden]
+            )
+
+        return self._step(forward, list(module.parameters()), mode, x, w)
+
+    def block(self, result):
+        if self.gpu:
+            self.torch.cuda.synchronize()
+
+    def payload(self, result):
+        return result
+
+    def numpy(self, tensor):
+        return tensor.detach().cpu().numpy()
+
+    def describe_device(self):
+        if not self.gpu:
+            return "cpu"
+        return f"cuda: {self.torch.cuda.get_device_name(0)}"
+
+    def versions(self):
+        torch = self.torch
+        versions = {"torch": torch.__version__, "torch_cuda": torch.version.cuda}
+        if torch.cuda.is_available():
+            versions["cudnn"] = torch.backends.cudnn.version()
+            versions["cuda_device_name"] = torch.cuda.get_device_name()
+            versions["tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
+            versions["tf32_cudnn"] = torch.backends.cudnn.allow_tf32
+        return versions
+
+    def profile(self, step):
+        from maskedrnn.bench import kernels
+
+        return kernels.profile_torch(step, self.block, self.gpu)

@@ -1,0 +1,173 @@
+"""The benchmark's results as a text table, ratios, environment and a plot."""
+
+import os
+import platform
+import sys
+
+import keras
+import numpy as np
+
+from maskedrnn.bench.config import BASELINES, CEILINGS, OURS, REFERENCE
+
+
+def ratios(rows, modes):
+    """`{mode: {"ours/baseline": median ratio}}` for every pair timed."""
+    median = {(r["impl"], r["mode"]): r["median_ms"] for r in rows}
+    result = {}
+    for mode in modes:
+        result[mode] = {}
+        for ours in OURS:
+            for base in BASELINES:
+                if (ours, mode) in median and (base, mode) in median:
+                    value = median[ours, mode] / median[base, mode]
+                    result[mode][f"{ours}/{base}"] = value
+    return result
+
+
+def environment(backend, harness):
+    """Machine, device name and library versions (and the load average)."""
+    import maskedrnn
+
+    env = {
+        "python": platform.python_version(),
+        "maskedrnn": maskedrnn.__version__,
+        "keras": keras.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "device": harness.describe_device(),
+        # Other work on the machine skews timings; worth knowing afterwards.
+        "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    env.update(harness.versions())
+    for other in ("tensorflow", "jax", "torch"):
+        if other not in env and other in sys.modules:
+            env[other] = sys.modules[other].__version__
+    return env
+
+
+def import_pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise SystemExit(
+            "--plot needs matplotlib, which is not installed: "
+            "pip install matplotlib (or drop --plot)."
+        ) from e
+    return plt
+
+
+def format_table(results):
+    """The results as a text table (one line per implementation and mode)."""
+    c = results["config"]
+    padding = c.get("padding", "post")
+    lines = [
+        f"backend {c['backend']} on {results['environment']['device']}, "
+        f"{c['cell'].upper()}, B={c['batch']} T={c['time']} D={c['features']} "
+        f"U={c['units']}, lengths {c['lengths']} (mean {c['mean_length']:.1f}, "
+        f"{100 * c['padding_fraction']:.0f}% padding, {padding}-padded)"
+        f"{', with final states' if c.get('return_state') else ''}, median of "
+        f"{c['repeats']} after {c['warmup']} warm-up",
+    ]
+    if c.get("threads_note"):
+        lines.append(f"threads: {c['threads_note']}")
+    lines.append("")
+    header = (
+        f"{'mode':<6} {'implementation':<19} {'median ms':>10} {'IQR ms':>15} "
+        f"{'ours/this':>9} {'max|d out|':>10} {'max|d grad|':>11}"
+    )
+    lines += [header, "-" * len(header)]
+    median = {(r["impl"], r["mode"]): r["median_ms"] for r in results["rows"]}
+    for r in results["rows"]:
+        ours = median.get(("maskedrnn", r["mode"]))
+        ratio = f"{ours / r['median_ms']:.2f}" if ours is not None else "-"
+        grad = r.get("max_abs_grad_diff")
+        flag = "" if r["expected_to_match"] else " *"
+        lines.append(
+            f"{r['mode']:<6} {r['impl']:<19} {r['median_ms']:>10.2f} "
+            f"{r['p25_ms']:>7.2f}-{r['p75_ms']:<7.2f} {ratio:>9} "
+            f"{r['max_abs_diff']:>10.1e} "
+            f"{'-' if grad is None else f'{grad:.1e}':>11}{flag}"
+        )
+    lines.append("")
+    lines.append(
+        f"max|d|: largest difference from {REFERENCE} on this data (outputs; "
+        "input and, for Keras layouts, weight gradients)."
+    )
+    lines.append("* ceiling: runs over the padding, so its results are wrong.")
+    lines.append(
+        "kernels (first call of each; Keras' backend RNN functions, cuDNN "
+        "and fallback functions, torch's native kernels); did cuDNN compute:"
+    )
+    for r in results["rows"]:
+        if "kernels" in r:
+            cudnn = f" [cuDNN: {r['cudnn']}]" if "cudnn" in r else ""
+            lines.append(f"  {r['mode']:<6} {r['impl']:<19} {r['kernels']}{cudnn}")
+    profiled = [r for r in results["rows"] if "profile" in r]
+    if profiled:
+        lines.append(f"profile ({profiled[0]['profile']['tool']}):")
+        lines.append(f"  {profiled[0]['profile']['note']}")
+        for r in profiled if profiled[0]["profile"]["tool"] else []:
+            p = r["profile"]
+            found = p["cuda_kernels"] or p["rnn_ops"]
+            kind = "CUDA kernels" if p["cuda_kernels"] else "host RNN ops"
+            names = ", ".join(f"{k['name']} x{k['count']}" for k in found)
+            lines.append(
+                f"  {r['mode']:<6} {r['impl']:<19} {kind}: {names or 'none'}"
+            )
+    for mode, values in results["ratios"].items():
+        if values:
+            parts = ", ".join(f"{k} = {v:.2f}" for k, v in values.items())
+            lines.append(f"ratios ({mode}): {parts}")
+    return "\n".join(lines)
+
+
+def plot(results, path):
+    """Writes a bar chart of the medians (one panel per mode) to `path`."""
+    plt = import_pyplot()
+    c = results["config"]
+    modes = c["modes"]
+    fig, axes = plt.subplots(
+        1,
+        len(modes),
+        figsize=(5.5 * len(modes), 0.5 * len(c["impls"]) + 1.6),
+        squeeze=False,
+    )
+    for ax, mode in zip(axes[0], modes):
+        rows = [r for r in results["rows"] if r["mode"] == mode][::-1]
+        values = [r["median_ms"] for r in rows]
+        colors = [
+            "tab:green"
+            if r["impl"] in OURS
+            else "tab:gray"
+            if r["impl"] in CEILINGS
+            else "tab:blue"
+            for r in rows
+        ]
+        bars = ax.barh([r["impl"] for r in rows], values, color=colors)
+        errors = [
+            [r["median_ms"] - r["p25_ms"] for r in rows],
+            [r["p75_ms"] - r["median_ms"] for r in rows],
+        ]
+        ax.errorbar(values, range(len(rows)), xerr=errors, fmt="none", color="k")
+        for bar, row in zip(bars, rows):
+            y = bar.get_y() + bar.get_height() / 2
+            ax.text(row["p75_ms"], y, f"  {row['median_ms']:.1f}", va="center")
+        title = "forward + backward" if mode == "train" else "forward"
+        ax.set_title(f"{title} (median ms, IQR)", fontsize=10)
+        ax.set_xlim(0, max(r["p75_ms"] for r in rows) * 1.3)
+    fig.suptitle(
+        f"{c['backend']} ({results['environment']['device']}), "
+        f"{c['cell'].upper()} B={c['batch']} T={c['time']} D={c['features']} "
+        f"U={c['units']}, lengths {c['lengths']}, {c.get('padding', 'post')}"
+        "-padded  (gray: ceiling, wrong results)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

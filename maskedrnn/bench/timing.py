@@ -1,0 +1,381 @@
+"""Running the benchmark: data, layers, checks, kernel records and timing."""
+
+import math
+import sys
+import time
+
+import keras
+import numpy as np
+
+from maskedrnn.bench import config, kernels, report
+from maskedrnn.bench.config import CEILINGS, IMPLS, REFERENCE, TORCH_ONLY
+from maskedrnn.layers import MaskedBidirectional
+
+
+def backend_module(backend):
+    """The harness module of `backend` (tensorflow, jax or torch)."""
+    if backend == "tensorflow":
+        from maskedrnn.bench import harness_tensorflow as module
+    elif backend == "jax":
+        from maskedrnn.bench import harness_jax as module
+    elif backend == "torch":
+        from maskedrnn.bench import harness_torch as module
+    else:
+        raise SystemExit(
+            f"maskedrnn.bench runs on the tensorflow, jax and torch backends; "
+            f"KERAS_BACKEND is {backend!r}."
+        )
+    return module
+
+
+def gpu_available(backend):
+    """Whether `backend` sees a GPU (False for a backend the bench lacks)."""
+    if backend not in ("tensorflow", "jax", "torch"):
+        return False
+    return backend_module(backend).gpu_available()
+
+
+class Progress:
+    """A text progress bar on stderr (no dependency).
+
+    Redrawn in place on a terminal; when stderr is a file or pipe, one line
+    per tenth of the work, so that logs stay short.
+    """
+
+    def __init__(self, total, enabled, width=30):
+        self.total, self.enabled, self.width, self.done = total, enabled, width, 0
+        self.tty = enabled and sys.stderr.isatty()
+        self.shown = -1
+
+    def step(self, label):
+        self.done += 1
+        if not self.enabled:
+            return
+        tenth = 10 * self.done // max(self.total, 1)
+        if not self.tty and tenth == self.shown:
+            return
+        self.shown = tenth
+        filled = int(self.width * self.done / max(self.total, 1))
+        bar = "#" * filled + "-" * (self.width - filled)
+        line = f"[{bar}] {self.done}/{self.total} {label:<30}"
+        sys.stderr.write(f"\r{line}" if self.tty else f"{line}\n")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def max_abs_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+def make_cell(cell, units, return_state=False):
+    cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
+    return cls(units, return_sequences=True, return_state=return_state)
+
+
+class StatesIntoSequence(keras.layers.Layer):
+    """`--return-state`: wraps a bidirectional layer that returns
+    `[sequence, forward states..., backward states...]` and returns one
+    `(batch, time, 2 * units)` tensor, the sequence plus, broadcast over
+    time, each state kind with its two directions concatenated. So the
+    timed output, the loss and the checks all depend on the final states.
+    """
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        self.layer = layer
+        self.supports_masking = True  # `mask=` goes on to `layer`
+
+    def build(self, input_shape):
+        if not self.layer.built:
+            self.layer.build(input_shape)
+
+    def call(self, x, **kwargs):
+        return states_into_sequence(*self.layer(x, **kwargs))
+
+
+def states_into_sequence(sequence, *states):
+    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps."""
+    half = len(states) // 2
+    for forward, backward in zip(states[:half], states[half:]):
+        both = keras.ops.concatenate([forward, backward], axis=-1)
+        sequence = sequence + keras.ops.expand_dims(both, 1)
+    return sequence
+
+
+def run(args):
+    """Runs the benchmark described by parsed `args`; returns the results."""
+    backend = keras.backend.backend()
+    module = backend_module(backend)
+    restore = _threads_restorer(backend)
+    # Thread pools are sized first: TensorFlow and JAX take it only before
+    # they start (and asking JAX for its GPUs starts it).
+    threads, threads_note = args.threads, None
+    if threads is not None:
+        if threads < 1:
+            raise SystemExit(f"--threads must be >= 1; got {threads}.")
+        threads_note = module.set_threads(threads)
+    try:
+        gpu_here = module.gpu_available()
+        if args.device == "gpu" and not gpu_here:
+            raise SystemExit(
+                f"--device gpu: no GPU is visible to the {backend} backend. Use "
+                "--device cpu or auto."
+            )
+        gpu = gpu_here and args.device != "cpu"
+        if threads is None:
+            threads_note = module.default_threads_note()
+            if backend == "torch" and not gpu:
+                threads = module.AUTO_THREADS
+                module.set_threads(threads)
+        results = _checked_run(args, backend, module, gpu)
+    finally:
+        restore()
+    results["config"]["threads"] = threads
+    results["config"]["threads_note"] = threads_note
+    return results
+
+
+def _threads_restorer(backend):
+    """On torch, a function that puts back the intra-op thread count (the
+    bench may run inside another program, e.g. the tests)."""
+    if backend != "torch":
+        return lambda: None
+    import torch
+
+    previous = torch.get_num_threads()
+    return lambda: torch.set_num_threads(previous)
+
+
+def _checked_run(args, backend, module, gpu):
+    settings = config.settings_from(args, gpu)
+    b, t = settings["batch"], settings["time"]
+    try:
+        lengths = config.parse_lengths(args.lengths, b, t, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(str(e)) from e
+    padding = getattr(args, "padding", "post")
+    available = [
+        n
+        for n in IMPLS
+        if (backend == "torch" or n not in TORCH_ONLY)
+        and (padding == "post" or n not in config.POST_ONLY)
+    ]
+    impls = list(args.impl) if args.impl else available
+    wrong_backend = [n for n in impls if n in TORCH_ONLY and backend != "torch"]
+    if wrong_backend:
+        raise SystemExit(
+            f"--impl {' '.join(wrong_backend)}: only on the torch backend "
+            "(KERAS_BACKEND=torch)."
+        )
+    post_only = [n for n in impls if n not in available]
+    if post_only:
+        raise SystemExit(
+            f"--impl {' '.join(post_only)}: lengths= describes right-padded "
+            f"rows, so it needs --padding post; got --padding {padding}."
+        )
+    modes = list(config.MODES) if args.mode == "both" else [args.mode]
+    if args.plot:
+        report.import_pyplot()  # fail before the long part, not after
+    return _run(args, backend, module, gpu, settings, lengths, padding, impls, modes)
+
+
+def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
+    b, t, d, u = (settings[k] for k in ("batch", "time", "features", "units"))
+    rng = np.random.default_rng(args.seed)
+    mask_np = config.make_mask(lengths, t, padding, seed=args.seed + 1)
+    x_np = rng.standard_normal((b, t, d)).astype("float32")
+    x_np = np.where(mask_np[..., None], x_np, 0.0).astype("float32")
+    w_np = rng.standard_normal((b, t, 2 * u)).astype("float32")
+    order = None if padding == "post" else config.valid_first_order(mask_np)
+
+    harness = module.Harness(gpu)
+    # "cpu"/"gpu" without an index: on the torch backend (Keras 3.15)
+    # keras.device("cpu:0") makes layers unbuildable (Variable.to("cpu:0")
+    # drops the Parameter wrapper of the integer seed-generator state).
+    with keras.device("gpu" if gpu else "cpu"):
+        x = harness.tensor(x_np)
+        w = harness.tensor(w_np)
+        mask = harness.tensor(mask_np)
+        lengths_t = harness.tensor(lengths)
+        keras_layer = keras.layers.Bidirectional(
+            make_cell(args.cell, u, args.return_state)
+        )
+        ours = MaskedBidirectional(make_cell(args.cell, u, args.return_state))
+        keras_layer.build((None, None, d))
+        ours.build((None, None, d))
+        ours_timed, keras_timed = ours, keras_layer
+        if args.return_state:
+            ours_timed = StatesIntoSequence(ours, name="ours_with_states")
+            keras_timed = StatesIntoSequence(keras_layer, name="keras_with_states")
+            ours_timed.build((None, None, d))
+            keras_timed.build((None, None, d))
+        # Weights from --seed, the same on every backend, different in each
+        # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
+        bound = 1 / math.sqrt(u)
+        weights = [
+            rng.uniform(-bound, bound, tuple(v.shape)).astype("float32")
+            for v in keras_layer.weights
+        ]
+        keras_layer.set_weights(weights)
+        ours.set_weights(weights)
+
+        def make_step(name, mode):
+            if name == "maskedrnn":
+                return harness.keras_step(ours_timed, mode, x, w, {"mask": mask})
+            if name == "maskedrnn_lengths":
+                kwargs = {"lengths": lengths_t}
+                return harness.keras_step(ours_timed, mode, x, w, kwargs)
+            if name == "keras_masked":
+                return harness.keras_step(keras_timed, mode, x, w, {"mask": mask})
+            if name == "keras_unmasked":
+                return harness.keras_step(keras_timed, mode, x, w, {})
+            torch_module = harness.torch_module(args.cell, keras_layer, u)
+            packed = name == "torch_packed"
+            return harness.torch_step(
+                torch_module, packed, mode, x, w, lengths, args.return_state, order
+            )
+
+        rows = _time_all(harness, impls, modes, make_step, settings, args)
+
+    for row in rows:
+        row["label"] = IMPLS[row["impl"]].format(cell=args.cell.upper())
+    return {
+        "config": {
+            "backend": backend,
+            "cell": args.cell,
+            "batch": b,
+            "time": t,
+            "features": d,
+            "units": u,
+            "lengths": args.lengths,
+            "padding": padding,
+            "mean_length": float(lengths.mean()),
+            "padding_fraction": float(1 - mask_np.mean()),
+            "modes": modes,
+            "impls": impls,
+            "repeats": settings["repeats"],
+            "warmup": settings["warmup"],
+            "preset": settings["preset"],
+            "seed": args.seed,
+            "return_state": args.return_state,
+            "profile": bool(getattr(args, "profile", False)),
+        },
+        "environment": report.environment(backend, harness),
+        "rows": rows,
+        "ratios": report.ratios(rows, modes),
+    }
+
+
+def _to_numpy(harness, result, mode):
+    """(outputs, gradients or None) of one step as numpy arrays."""
+    payload = harness.payload(result)
+    if mode == "infer":
+        return harness.numpy(payload), None
+    y, grads = payload
+    return harness.numpy(y), [harness.numpy(g) for g in grads]
+
+
+def _time_all(harness, impls, modes, make_step, settings, args):
+    repeats, warmup = settings["repeats"], settings["warmup"]
+    cases = [(name, mode) for mode in modes for name in impls]
+    ref_needed = [(REFERENCE, m) for m in modes if (REFERENCE, m) not in cases]
+    torch_ref = "torch_packed" in impls
+    profile = bool(getattr(args, "profile", False))
+    progress = Progress(
+        len(ref_needed) + len(cases) * (warmup + repeats + profile),
+        not args.no_progress,
+    )
+
+    # References first (also when not timed): Keras' masked outputs/gradients.
+    steps, reference, packed_ref = {}, {}, {}
+    for name, mode in ref_needed + cases:
+        if (name, mode) not in steps:
+            steps[name, mode] = make_step(name, mode)
+    for name, mode in ref_needed:
+        reference[mode] = _to_numpy(harness, steps[name, mode](), mode)
+        progress.step(f"check {mode} {name}")
+
+    # Warm-up; the first call of each case is the correctness check and
+    # records which kernels ran (a trace, under tf.function / jax.jit).
+    checks, calls = {}, {}
+    for name, mode in cases:
+        for i in range(warmup):
+            if i == 0:
+                with kernels.KernelRecorder() as recorder:
+                    result = steps[name, mode]()
+                calls[name, mode] = recorder.calls
+            else:
+                result = steps[name, mode]()
+            harness.block(result)
+            if i == 0:
+                checks[name, mode] = _to_numpy(harness, result, mode)
+                if name == REFERENCE:
+                    reference[mode] = checks[name, mode]
+                if name == "torch_packed":
+                    packed_ref[mode] = checks[name, mode]
+            progress.step(f"warm-up {mode} {name}")
+
+    times = {case: [] for case in cases}
+    for r in range(repeats):
+        # Round-robin, rotated each repeat, so slow drifts hit all cases alike.
+        shift = r % len(cases)
+        for name, mode in cases[shift:] + cases[:shift]:
+            step = steps[name, mode]
+            start = time.perf_counter()
+            result = step()
+            harness.block(result)
+            times[name, mode].append((time.perf_counter() - start) * 1e3)
+            del result
+            progress.step(f"{mode} {name}")
+
+    # Profiles after the timing, so the profiler's overhead times nothing.
+    profiles = {}
+    if profile:
+        for name, mode in cases:
+            profiles[name, mode] = harness.profile(steps[name, mode])
+            progress.step(f"profile {mode} {name}")
+    progress.close()
+
+    rows = []
+    for name, mode in cases:
+        ts = np.asarray(times[name, mode])
+        out, grads = checks[name, mode]
+        ref_out, ref_grads = reference[mode]
+        p25, p75 = np.percentile(ts, 25), np.percentile(ts, 75)
+        row = {
+            "impl": name,
+            "mode": mode,
+            "median_ms": float(np.median(ts)),
+            "p25_ms": float(p25),
+            "p75_ms": float(p75),
+            "iqr_ms": float(p75 - p25),
+            "min_ms": float(ts.min()),
+            "times_ms": [float(v) for v in ts],
+            "reference": REFERENCE,
+            "max_abs_diff": max_abs_diff(out, ref_out),
+            "expected_to_match": name not in CEILINGS,
+            "kernels": kernels.summarize(calls[name, mode]),
+            "kernel_calls": calls[name, mode],
+            "cudnn": kernels.cudnn_verdict(calls[name, mode]),
+        }
+        if profile:
+            row["profile"] = profiles[name, mode]
+        if grads is not None:
+            # Weight gradients compare where the weight layout is Keras'.
+            n = len(grads) if name not in TORCH_ONLY else 1
+            row["max_abs_grad_diff"] = max(
+                max_abs_diff(g, r) for g, r in zip(grads[:n], ref_grads[:n])
+            )
+            row["grad_diff_covers"] = "inputs" if n == 1 else "inputs+weights"
+        if torch_ref and name in config.OURS:
+            row["max_abs_diff_torch_packed"] = max_abs_diff(out, packed_ref[mode][0])
+            if grads is not None:
+                row["max_abs_grad_diff_torch_packed"] = max_abs_diff(
+                    grads[0], packed_ref[mode][1][0]
+                )
+        rows.append(row)
+    return rows
