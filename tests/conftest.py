@@ -1,0 +1,39 @@
+"""Test-wide settings: float32 means float32 on CUDA/GPU too.
+
+The tests compare ours with oracles computed in float32: Keras' generic
+masked loop (`use_cudnn=False`), PyTorch's packed `nn.LSTM/GRU`, numpy. On
+NVIDIA GPUs since Ampere (A100, H100, H200) float32 matrix products may run
+in TF32, which keeps 10 bits of mantissa (about 5e-4 relative error per
+product): cuDNN's RNN kernels (`torch.backends.cudnn.allow_tf32`, True by
+default), PyTorch's matmuls (`torch.backends.cuda.matmul.allow_tf32`) and
+JAX's default matmul precision on GPU. Over 100 recurrent steps that grows
+to differences of 1e-3 and more, which says nothing about our arithmetic.
+So TF32 is off for the whole test run (here, before any test), and JAX's
+default matmul precision is "highest" (full float32).
+
+Tolerances against cuDNN, with TF32 off: cuDNN computes the same float32
+function as Keras' loop, with its own fused gate kernels and summation
+order, so results agree to float32 rounding accumulated over the sequence:
+about 1e-6 absolute in outputs and states (values in [-1, 1]) and 1e-5
+relative in gradients at the tests' sizes (T <= 100). The suite's usual
+tolerances (atol 1e-5 on outputs; 1e-4 where gradients sum over 100 steps,
+as in tests/test_bench.py) cover that with margin and stay far below the
+differences a wrong mask makes (1e-1 and more, which the tests also check).
+On a CPU none of this changes anything: there is no TF32 there, and XLA's
+CPU matmuls are full float32 at any precision setting.
+"""
+
+import keras
+
+
+def pytest_configure(config):
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif backend == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "highest")

@@ -1,0 +1,65 @@
+"""`scripts/test_gpu.sh --dry-run`: the GPU check selects real tests.
+
+The script runs on a GPU machine that CI does not have, so CI checks what
+can be checked without one: on this backend, its test selection collects
+(every file imports, and the count is not zero), a selection that collects
+nothing makes it fail instead of passing silently, and its bench commands'
+options parse.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import keras
+import pytest
+
+BACKEND = keras.backend.backend()
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "test_gpu.sh"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        BACKEND not in ("torch", "jax"),
+        reason="the GPU machine has torch and JAX, no TensorFlow",
+    ),
+]
+
+
+def dry_run(tmp_path, *options, **env):
+    full_env = dict(os.environ, BACKENDS=BACKEND, PYTHON=sys.executable, **env)
+    return subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *options, str(tmp_path / "out")],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_dry_run_collects_the_gpu_tests_and_parses_the_bench_commands(tmp_path):
+    result = dry_run(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    pattern = rf"KERAS_BACKEND={BACKEND}: (\d+) tests selected"
+    selected = re.search(pattern, result.stdout)
+    assert selected and int(selected.group(1)) > 50, result.stdout
+    commands = [
+        line for line in result.stdout.splitlines() if "-m maskedrnn.bench" in line
+    ]
+    assert len(commands) == 4  # LSTM and GRU, with and without --return-state
+    assert "4 bench commands parse" in result.stdout
+    assert all("--preset gpu --padding pre" in c for c in commands)
+    assert sum("--return-state" in c for c in commands) == 2
+    assert sum("--cell gru" in c for c in commands) == 2
+    assert not (tmp_path / "out" / "test_gpu.log").exists()  # ran nothing
+
+
+def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
+    nothing = "tests/test_gpu_to_cpu.py -k no_such_test"
+    result = dry_run(tmp_path, "--part", "tests", GPU_TESTS=nothing)
+    assert result.returncode == 1
+    assert f"KERAS_BACKEND={BACKEND}: 0 tests selected" in result.stdout
