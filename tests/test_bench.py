@@ -365,7 +365,7 @@ def test_pre_padding_and_holes_are_checked_like_post(padding):
     packed module too, which must gather the valid steps first and scatter
     them back) matches Keras' masked layer, the ceilings do not, and
     `lengths=` (right-padded rows only) is left out."""
-    argv = TINY + QUICK + ["--padding", padding, "--return-state"]
+    argv = TINY + QUICK + ["--padding", padding, "--return-state", "--mode", "train"]
     results = bench.main(argv)
     assert results["config"]["padding"] == padding
     impls = results["config"]["impls"]
