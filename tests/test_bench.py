@@ -443,3 +443,40 @@ def test_thread_count_is_chosen_and_said(lstm_run):
     else:
         assert config["threads"] is None
         assert "--threads 1" in config["threads_note"]
+
+
+# --------------------------------------------- committed evidence (docs/results)
+
+
+def test_markdown_table_is_the_json_rounded(lstm_run):
+    results, _ = lstm_run
+    lines = bench.report.markdown_table(results).splitlines()
+    assert len(lines) == 2 + len(results["rows"])
+    rows = by_case(results)
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        mode = "train" if cells[0] == "fwd+bwd" else "infer"
+        row = rows[cells[1].split("`")[1], mode]
+        assert cells[2] == f"{row['median_ms']:.1f}"
+        assert cells[3] == f"{row['p25_ms']:.1f}–{row['p75_ms']:.1f}"
+        ours = rows["maskedrnn", mode]["median_ms"]
+        assert cells[4] == f"{ours / row['median_ms']:.2f}"
+        assert ("(ceiling)" in cells[1]) == (row["impl"] in bench.CEILINGS)
+
+
+def test_every_table_in_benchmarks_page_is_its_committed_json():
+    """docs/benchmarks.md marks each table with the JSON file it comes from
+    (`<!-- bench-table docs/results/X.json -->`); the table must be exactly
+    `python -m maskedrnn.bench.report docs/results/X.json`."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "benchmarks.md").read_text()
+    found = re.findall(r"<!-- bench-table (\S+) -->\n((?:\|.*\n)+)", page)
+    assert len(found) >= 9, "the CPU tables lost their bench-table markers"
+    for path, table in found:
+        with open(root / path) as f:
+            results = json.load(f)
+        assert table.strip() == bench.report.markdown_table(results), path
+        assert results["environment"]["device"] == "cpu" or "gpu" in path

@@ -74,7 +74,7 @@ from maskedrnn.bench.config import (
     valid_first_order,
 )
 from maskedrnn.bench.kernels import KernelRecorder, cudnn_verdict
-from maskedrnn.bench.report import format_table, plot
+from maskedrnn.bench.report import format_table, markdown_table, plot
 from maskedrnn.bench.timing import gpu_available, run, states_into_sequence
 
 __all__ = [
@@ -95,6 +95,7 @@ __all__ = [
     "gpu_available",
     "main",
     "make_mask",
+    "markdown_table",
     "parse_lengths",
     "plot",
     "run",

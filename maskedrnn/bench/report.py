@@ -171,3 +171,40 @@ def plot(results, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(results):
+    """The results as the Markdown table docs/benchmarks.md shows.
+
+    One line per implementation and mode: median and IQR in ms, the median
+    of `maskedrnn` divided by that row's (below 1: ours is faster), and the
+    largest differences from `keras_masked`. Run
+    `python -m maskedrnn.bench.report FILE.json` to print it for a JSON file
+    written by `--json`.
+    """
+    median = {(r["impl"], r["mode"]): r["median_ms"] for r in results["rows"]}
+    lines = [
+        "| mode | implementation | median ms | IQR ms | maskedrnn ÷ this "
+        "| max abs diff, outputs | max abs diff, gradients |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        mode = "fwd+bwd" if r["mode"] == "train" else "fwd"
+        name = f"`{r['impl']}`" + ("" if r["expected_to_match"] else " (ceiling)")
+        ours = median.get(("maskedrnn", r["mode"]))
+        ratio = f"{ours / r['median_ms']:.2f}" if ours is not None else "–"
+        grad = r.get("max_abs_grad_diff")
+        lines.append(
+            f"| {mode} | {name} | {r['median_ms']:.1f} | "
+            f"{r['p25_ms']:.1f}–{r['p75_ms']:.1f} | {ratio} | "
+            f"{r['max_abs_diff']:.1e} | {'–' if grad is None else f'{grad:.1e}'} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print(markdown_table(json.load(f)))
