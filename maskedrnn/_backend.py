@@ -47,8 +47,10 @@ def prefers_generic_gru_loop(inner):
 
     There Keras' unmasked GRU kernel (`backend.gru`: a `lax.scan` over input
     projections computed up front; JAX has no cuDNN GRU) runs the forward
-    pass 2.3-2.5x slower than Keras' generic step loop, and fwd+bwd within
-    ±15% of it (jitted, B=16..64, T=50..200, D=U=32..128; docs/benchmarks.md).
+    pass 2.5x (B=16 T=50 D=U=32) and 3.0x (B=64 T=200 D=U=128) slower than
+    Keras' generic step loop, and fwd+bwd 1.2x slower (jitted, full rows;
+    `scripts/bench_cpu.sh jax-gru-full-small jax-gru-full-large`, results in
+    docs/results/cpu-jax-gru-full-*.json and docs/benchmarks.md).
     `MaskedBidirectional` then sets `use_cudnn=False` on its inner GRU copies,
     which sends them to the generic loop, still without a mask. Not on a
     GPU, where `backend.gru`'s one large input matmul is the better bet, and
