@@ -354,3 +354,21 @@ def test_conftest_turns_tf32_off_for_every_test():
         assert jax.config.jax_default_matmul_precision == "highest"
     else:
         pytest.skip("TensorFlow: no GPU in the GPU test run (no TF32 setting here)")
+
+
+def test_a_failing_profiler_keeps_the_timings(monkeypatch):
+    """On a GPU machine the profiler may be unusable (no CUPTI): the run
+    must still finish and say why there is no profile."""
+    from maskedrnn.bench import timing
+
+    def broken(step):
+        raise RuntimeError("no CUPTI here")
+
+    real = timing.backend_module(BACKEND).Harness
+    monkeypatch.setattr(real, "profile", lambda self, step: broken(step))
+    results = bench.main(TINY + QUICK + ["--profile", "--impl", "maskedrnn"])
+    row = results["rows"][0]
+    assert row["median_ms"] > 0
+    assert row["profile"]["tool"] == "failed"
+    assert row["profile"]["note"] == "the profiler failed: RuntimeError: no CUPTI here"
+    assert row["profile"]["note"] in bench.format_table(results)

@@ -40,7 +40,7 @@ PRESETS = {
         "repeats": 10,
         "warmup": 2,
     },
-    # The reference size of the H100 figures in the project brief (issue 10's
+    # The size of the layer-level H100 figures in the project brief (issue 10's
     # targets): B=64 T=100 D=U=512, with the default lengths uniform in
     # [20, 100].
     "gpu": {
@@ -166,7 +166,8 @@ def build_parser():
         choices=("auto", "cpu", "gpu"),
         default="auto",
         help="default sizes, repeats and warm-up: 'cpu' (B=16 T=50 D=32 U=32) "
-        "or 'gpu' (B=64 T=100 D=512 U=512, the H100 reference); 'auto' picks "
+        "or 'gpu' (B=64 T=100 D=512 U=512, the size of the layer-level H100 "
+        "figures); 'auto' picks "
         "by device. Explicit options win.",
     )
     for name, what in (

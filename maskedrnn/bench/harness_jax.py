@@ -38,7 +38,7 @@ def set_threads(threads):
     return "1 XLA CPU thread (--threads 1: XLA_FLAGS)"
 
 
-def default_threads_note():
+def default_threads_note(gpu=False):
     return (
         "XLA's own CPU thread pool (pass --threads 1 on a shared machine, in "
         "a fresh process)"

@@ -34,7 +34,7 @@ def set_threads(threads):
     return f"{threads} intra-op and {threads} inter-op threads (--threads)"
 
 
-def default_threads_note():
+def default_threads_note(gpu=False):
     return (
         "TensorFlow's own thread pools (pass --threads 1 on a shared machine: "
         "spinning pools skew the timings)"

@@ -23,7 +23,12 @@ def set_threads(threads):
 AUTO_THREADS = 1
 
 
-def default_threads_note():
+def default_threads_note(gpu=False):
+    if gpu:
+        return (
+            "PyTorch's own intra-op thread pool: on CUDA the host only "
+            "launches kernels (--threads N to set it)"
+        )
     return (
         f"{AUTO_THREADS} intra-op thread, chosen by the bench on CPU "
         "(torch.set_num_threads): PyTorch's advice for small models; a pool "

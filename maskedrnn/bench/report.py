@@ -114,6 +114,9 @@ def format_table(results):
         lines.append(f"  {profiled[0]['profile']['note']}")
         for r in profiled if profiled[0]["profile"]["tool"] else []:
             p = r["profile"]
+            if p["tool"] == "failed":
+                lines.append(f"  {r['mode']:<6} {r['impl']:<19} {p['note']}")
+                continue
             found = p["cuda_kernels"] or p["rnn_ops"]
             kind = "CUDA kernels" if p["cuda_kernels"] else "host RNN ops"
             names = ", ".join(f"{k['name']} x{k['count']}" for k in found)

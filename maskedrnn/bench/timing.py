@@ -127,7 +127,7 @@ def run(args):
             )
         gpu = gpu_here and args.device != "cpu"
         if threads is None:
-            threads_note = module.default_threads_note()
+            threads_note = module.default_threads_note(gpu)
             if backend == "torch" and not gpu:
                 threads = module.AUTO_THREADS
                 module.set_threads(threads)
@@ -270,6 +270,22 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
     }
 
 
+def _profile(harness, step):
+    """`harness.profile(step)`; a profiler that fails (e.g. no CUPTI on a GPU
+    machine) must not lose the timings, so its error is recorded instead."""
+    try:
+        return harness.profile(step)
+    except Exception as e:  # recorded in the results, not swallowed
+        return {
+            "tool": "failed",
+            "cuda_kernels": [],
+            "cuda_kernels_total": 0,
+            "host_events_total": 0,
+            "rnn_ops": [],
+            "note": f"the profiler failed: {type(e).__name__}: {e}",
+        }
+
+
 def _to_numpy(harness, result, mode):
     """(outputs, gradients or None) of one step as numpy arrays."""
     payload = harness.payload(result)
@@ -336,7 +352,7 @@ def _time_all(harness, impls, modes, make_step, settings, args):
     profiles = {}
     if profile:
         for name, mode in cases:
-            profiles[name, mode] = harness.profile(steps[name, mode])
+            profiles[name, mode] = _profile(harness, steps[name, mode])
             progress.step(f"profile {mode} {name}")
     progress.close()
 
