@@ -47,7 +47,7 @@ def prefers_generic_gru_loop(inner):
 
     There Keras' unmasked GRU kernel (`backend.gru`: a `lax.scan` over input
     projections computed up front; JAX has no cuDNN GRU) runs the forward
-    pass 2.5x (B=16 T=50 D=U=32) and 3.0x (B=64 T=200 D=U=128) slower than
+    pass 2.5x (B=16 T=50 D=U=32) and 3.6x (B=64 T=200 D=U=128) slower than
     Keras' generic step loop, and fwd+bwd 1.2x slower (jitted, full rows;
     `scripts/bench_cpu.sh jax-gru-full-small jax-gru-full-large`, results in
     docs/results/cpu-jax-gru-full-*.json and docs/benchmarks.md).
