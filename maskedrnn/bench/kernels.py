@@ -187,10 +187,17 @@ def _rnn_names(counter):
     ]
 
 
+def _top(counter, n=25):
+    """The `n` most frequent names (all kernels, not only RNN ones): what a
+    GPU run needs to explain where the time went."""
+    return [{"name": name, "count": c} for name, c in counter.most_common(n)]
+
+
 def no_profiler(backend):
     return {
         "tool": None,
         "cuda_kernels": [],
+        "cuda_kernels_top": [],
         "cuda_kernels_total": 0,
         "host_events_total": 0,
         "rnn_ops": [],
@@ -223,6 +230,7 @@ def profile_torch(step, block, gpu):
     report = {
         "tool": "torch.profiler",
         "cuda_kernels": _rnn_names(device) if gpu else [],
+        "cuda_kernels_top": _top(device),
         "cuda_kernels_total": sum(device.values()),
         "host_events_total": sum(host.values()),
         "rnn_ops": _rnn_names(host),
@@ -261,6 +269,7 @@ def profile_jax(step, block, gpu):
     report = {
         "tool": "jax.profiler",
         "cuda_kernels": _rnn_names(device) if gpu else [],
+        "cuda_kernels_top": _top(device),
         "cuda_kernels_total": sum(device.values()),
         "host_events_total": sum(host.values()),
         "rnn_ops": _rnn_names(host),

@@ -279,6 +279,7 @@ def _profile(harness, step):
         return {
             "tool": "failed",
             "cuda_kernels": [],
+            "cuda_kernels_top": [],
             "cuda_kernels_total": 0,
             "host_events_total": 0,
             "rnn_ops": [],
