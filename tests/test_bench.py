@@ -421,7 +421,7 @@ def test_json_records_device_versions_spread_and_kernels(lstm_run):
         assert bench.cudnn_verdict(row["kernel_calls"]) == row["cudnn"]
 
 
-def test_thread_count_is_chosen_and_said(lstm_run):
+def test_thread_count_is_chosen_and_said(lstm_run, monkeypatch):
     results, _ = lstm_run
     config = results["config"]
     assert config["threads_note"] in bench.format_table(results)
@@ -433,12 +433,18 @@ def test_thread_count_is_chosen_and_said(lstm_run):
         import torch
 
         before = torch.get_num_threads()
+        calls = []
+        original = torch.set_num_threads
+        monkeypatch.setattr(
+            torch, "set_num_threads", lambda n: (calls.append(n), original(n))[1]
+        )
         again = bench.run(
             bench.build_parser().parse_args(
                 TINY + QUICK + ["--mode", "infer", "--impl", "maskedrnn"]
             )
         )
         assert again["config"]["threads"] == 1
+        assert calls == [1, before]  # set for the run, then put back
         assert torch.get_num_threads() == before
     else:
         assert config["threads"] is None
