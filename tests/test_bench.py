@@ -486,3 +486,34 @@ def test_every_table_in_benchmarks_page_is_its_committed_json():
             results = json.load(f)
         assert table.strip() == bench.report.markdown_table(results), path
         assert results["environment"]["device"] == "cpu" or "gpu" in path
+
+
+@pytest.mark.slow
+def test_stacked_layers_are_checked_against_keras_and_pytorch():
+    """--layers 2: two MaskedBidirectional layers against two Keras masked
+    Bidirectional layers and, on torch, one nn.LSTM(num_layers=2) (its
+    last layer's h_n/c_n against the last layer's states)."""
+    argv = TINY + QUICK + ["--layers", "2", "--padding", "pre", "--return-state"]
+    results = bench.main(argv + ["--mode", "train"])
+    assert results["config"]["layers"] == 2
+    rows = by_case(results)
+    for (name, _), row in rows.items():
+        if name in bench.CEILINGS:
+            assert row["max_abs_diff"] > 1e-3, row
+            continue
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    ours = rows["maskedrnn", "train"]["kernels"]
+    assert "with a mask" not in ours
+    if BACKEND == "torch" and not GPU:
+        assert ours == "torch native kernel computed x4"  # 2 layers x 2 directions
+    masked = rows["keras_masked", "train"]["kernels"]
+    assert "backend.rnn computed, with a mask x4" in masked
+    assert "2 stacked layers" in bench.format_table(results)
+
+
+def test_stacked_preset_is_the_gpu_size_with_two_layers():
+    stacked, gpu = bench.PRESETS["stacked"], bench.PRESETS["gpu"]
+    assert stacked["layers"] == 2 and gpu["layers"] == 1
+    for key in ("batch", "time", "features", "units"):
+        assert stacked[key] == gpu[key]

@@ -37,6 +37,7 @@ PRESETS = {
         "time": 50,
         "features": 32,
         "units": 32,
+        "layers": 1,
         "repeats": 10,
         "warmup": 2,
     },
@@ -48,8 +49,21 @@ PRESETS = {
         "time": 100,
         "features": 512,
         "units": 512,
+        "layers": 1,
         "repeats": 50,
         "warmup": 5,
+    },
+    # Two stacked bidirectional layers at the GPU size (ours: two
+    # MaskedBidirectional; Keras: two Bidirectional, each fed the mask;
+    # PyTorch: one nn.LSTM/GRU(num_layers=2, bidirectional=True)).
+    "stacked": {
+        "batch": 64,
+        "time": 100,
+        "features": 512,
+        "units": 512,
+        "layers": 2,
+        "repeats": 30,
+        "warmup": 3,
     },
 }
 
@@ -163,18 +177,19 @@ def build_parser():
     parser.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
     parser.add_argument(
         "--preset",
-        choices=("auto", "cpu", "gpu"),
+        choices=("auto", "cpu", "gpu", "stacked"),
         default="auto",
         help="default sizes, repeats and warm-up: 'cpu' (B=16 T=50 D=32 U=32) "
         "or 'gpu' (B=64 T=100 D=512 U=512, the size of the layer-level H100 "
-        "figures); 'auto' picks "
-        "by device. Explicit options win.",
+        "figures) or 'stacked' (the gpu sizes, --layers 2); 'auto' picks "
+        "cpu or gpu by device. Explicit options win.",
     )
     for name, what in (
         ("batch", "rows per batch"),
         ("time", "padded time steps"),
         ("features", "input features"),
         ("units", "units per direction"),
+        ("layers", "stacked bidirectional layers (default 1)"),
     ):
         parser.add_argument(f"--{name}", type=int, help=what)
     parser.add_argument(
@@ -241,11 +256,11 @@ def settings_from(args, gpu):
     if preset == "auto":
         preset = "gpu" if gpu else "cpu"
     settings = dict(PRESETS[preset])
-    for key in ("batch", "time", "features", "units", "repeats", "warmup"):
-        value = getattr(args, key)
+    for key in ("batch", "time", "features", "units", "layers", "repeats", "warmup"):
+        value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
-    for key in ("batch", "time", "features", "units", "repeats"):
+    for key in ("batch", "time", "features", "units", "layers", "repeats"):
         if settings[key] < 1:
             raise SystemExit(f"--{key} must be >= 1; got {settings[key]}.")
     if settings["warmup"] < 1:

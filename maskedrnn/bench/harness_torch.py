@@ -76,15 +76,22 @@ class Harness:
             lambda x: layer(x, training=training, **kwargs), params, mode, x, w
         )
 
-    def torch_module(self, cell, keras_layer, units):
-        """nn.LSTM/GRU(bidirectional) with `keras_layer`'s weights."""
+    def torch_module(self, cell, keras_layers, units):
+        """nn.LSTM/GRU(bidirectional, num_layers=len(keras_layers)) with the
+        weights of the stacked Keras `Bidirectional` layers."""
         from maskedrnn.convert import keras_to_torch_state_dict
 
         torch = self.torch
-        features = keras_layer.forward_layer.cell.kernel.shape[0]
+        features = keras_layers[0].forward_layer.cell.kernel.shape[0]
         cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
-        module = cls(features, units, batch_first=True, bidirectional=True)
-        state = keras_to_torch_state_dict([keras_layer.get_weights()])
+        module = cls(
+            features,
+            units,
+            num_layers=len(keras_layers),
+            batch_first=True,
+            bidirectional=True,
+        )
+        state = keras_to_torch_state_dict([k.get_weights() for k in keras_layers])
         module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
         return module.to(self.device)
 
@@ -123,11 +130,12 @@ class Harness:
                 return y
             from maskedrnn.bench.timing import states_into_sequence
 
-            # PyTorch's states are (2, batch, units) per kind (h, and c for
-            # an LSTM): direction 0 forward, 1 backward, as ours' order.
+            # PyTorch's states are (2 * layers, batch, units) per kind (h,
+            # and c for an LSTM), the last layer's last: forward, backward,
+            # as ours' order.
             hidden = hidden if isinstance(hidden, tuple) else (hidden,)
             return states_into_sequence(
-                y, *[h[0] for h in hidden], *[h[1] for h in hidden]
+                y, *[h[-2] for h in hidden], *[h[-1] for h in hidden]
             )
 
         return self._step(forward, list(module.parameters()), mode, x, w)

@@ -66,10 +66,13 @@ def format_table(results):
     """The results as a text table (one line per implementation and mode)."""
     c = results["config"]
     padding = c.get("padding", "post")
+    n = c.get("layers", 1)
+    layers = f", {n} stacked layers" if n > 1 else ""
     lines = [
         f"backend {c['backend']} on {results['environment']['device']}, "
         f"{c['cell'].upper()}, B={c['batch']} T={c['time']} D={c['features']} "
-        f"U={c['units']}, lengths {c['lengths']} (mean {c['mean_length']:.1f}, "
+        f"U={c['units']}{layers}, lengths {c['lengths']} "
+        f"(mean {c['mean_length']:.1f}, "
         f"{100 * c['padding_fraction']:.0f}% padding, {padding}-padded)"
         f"{', with final states' if c.get('return_state') else ''}, median of "
         f"{c['repeats']} after {c['warmup']} warm-up",

@@ -97,6 +97,27 @@ class StatesIntoSequence(keras.layers.Layer):
         return states_into_sequence(*self.layer(x, **kwargs))
 
 
+class Stacked(keras.layers.Layer):
+    """`--layers N`: bidirectional layers called one after the other, each
+    with the same call arguments (`mask=` or `lengths=`), as a user stacks
+    them; only the last may return states."""
+
+    def __init__(self, layers, **kwargs):
+        super().__init__(**kwargs)
+        self.stack = list(layers)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        for layer in self.stack:
+            if not layer.built:
+                layer.build(input_shape)
+
+    def call(self, x, **kwargs):
+        for layer in self.stack:
+            x = layer(x, **kwargs)
+        return x
+
+
 def states_into_sequence(sequence, *states):
     """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps."""
     half = len(states) // 2
@@ -201,27 +222,40 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
         w = harness.tensor(w_np)
         mask = harness.tensor(mask_np)
         lengths_t = harness.tensor(lengths)
-        keras_layer = keras.layers.Bidirectional(
-            make_cell(args.cell, u, args.return_state)
-        )
-        ours = MaskedBidirectional(make_cell(args.cell, u, args.return_state))
-        keras_layer.build((None, None, d))
-        ours.build((None, None, d))
-        ours_timed, keras_timed = ours, keras_layer
+        n = settings["layers"]
+
+        def stack(wrapper):
+            layers = []
+            for i in range(n):
+                states = args.return_state and i == n - 1
+                layer = wrapper(make_cell(args.cell, u, states))
+                layer.build((None, None, d if i == 0 else 2 * u))
+                layers.append(layer)
+            return layers
+
+        keras_layers = stack(keras.layers.Bidirectional)
+        ours_layers = stack(MaskedBidirectional)
+        ours_timed, keras_timed = ours_layers[0], keras_layers[0]
+        if n > 1:
+            ours_timed = Stacked(ours_layers, name="ours_stacked")
+            keras_timed = Stacked(keras_layers, name="keras_stacked")
+            ours_timed.build((None, None, d))
+            keras_timed.build((None, None, d))
         if args.return_state:
-            ours_timed = StatesIntoSequence(ours, name="ours_with_states")
-            keras_timed = StatesIntoSequence(keras_layer, name="keras_with_states")
+            ours_timed = StatesIntoSequence(ours_timed, name="ours_with_states")
+            keras_timed = StatesIntoSequence(keras_timed, name="keras_with_states")
             ours_timed.build((None, None, d))
             keras_timed.build((None, None, d))
         # Weights from --seed, the same on every backend, different in each
         # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
         bound = 1 / math.sqrt(u)
-        weights = [
-            rng.uniform(-bound, bound, tuple(v.shape)).astype("float32")
-            for v in keras_layer.weights
-        ]
-        keras_layer.set_weights(weights)
-        ours.set_weights(weights)
+        for keras_layer, ours in zip(keras_layers, ours_layers):
+            weights = [
+                rng.uniform(-bound, bound, tuple(v.shape)).astype("float32")
+                for v in keras_layer.weights
+            ]
+            keras_layer.set_weights(weights)
+            ours.set_weights(weights)
 
         def make_step(name, mode):
             if name == "maskedrnn":
@@ -233,7 +267,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
                 return harness.keras_step(keras_timed, mode, x, w, {"mask": mask})
             if name == "keras_unmasked":
                 return harness.keras_step(keras_timed, mode, x, w, {})
-            torch_module = harness.torch_module(args.cell, keras_layer, u)
+            torch_module = harness.torch_module(args.cell, keras_layers, u)
             packed = name == "torch_packed"
             return harness.torch_step(
                 torch_module, packed, mode, x, w, lengths, args.return_state, order
@@ -251,6 +285,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "time": t,
             "features": d,
             "units": u,
+            "layers": settings["layers"],
             "lengths": args.lengths,
             "padding": padding,
             "mean_length": float(lengths.mean()),
