@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from maskedrnn import convert, datasets, export, ops
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
-from maskedrnn.layers import MaskedBidirectional
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 from maskedrnn.losses import MaskedLoss, masked_loss
 from maskedrnn.metrics import (
     MaskedAccuracy,
@@ -18,6 +18,7 @@ __all__ = [
     "MaskedLoss",
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
+    "MaskedRNN",
     "bidirectional_to_masked",
     "convert",
     "convert_model",

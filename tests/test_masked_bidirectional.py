@@ -12,7 +12,7 @@ from keras import ops
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional
-from maskedrnn.layers import masked_bidirectional
+from maskedrnn.layers import kernels
 from tests.helpers import flat, loss_and_grads, run_layer_test, save_and_load, to_np
 
 B, T, D, U = 6, 7, 3, 4
@@ -232,7 +232,7 @@ def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
     (PyTorch's native kernels, the torch default on CPU, do not call the
     inner layers at all: turned off here; tests/test_backends.py covers them.)"""
     monkeypatch.setattr(
-        masked_bidirectional, "_native_reason", lambda inner, x: "turned off"
+        kernels, "native_reason", lambda inner, x: "turned off"
     )
     assert MaskedBidirectional(make_cell_layer(kind)).uses_fast_path
     layer = MaskedBidirectional(make_cell_layer(kind, return_sequences=True))
