@@ -35,9 +35,12 @@ import keras
 from keras import name_scope, ops
 
 from maskedrnn import _backend
+from maskedrnn._keras_private import ConvLSTM
 from maskedrnn.masking import as_bool
 
 __all__ = [
+    "check_bidirectional_layers",
+    "check_wrapped_rnn",
     "check_inputs",
     "check_lengths",
     "check_lengths_static",
@@ -360,3 +363,83 @@ def check_initial_state(initial_state, x, parts):
         out.append(initial_state[start : start + len(names)])
         start += len(names)
     return out
+
+
+MERGE_MODES = ("concat", "sum", "mul", "ave", None)
+
+
+def check_bidirectional_layers(layer, backward_layer, merge_mode):
+    """The constructor checks of `MaskedBidirectional`."""
+    if not isinstance(layer, keras.layers.RNN):
+        raise ValueError(
+            "MaskedBidirectional needs `layer` to be a keras.layers.RNN "
+            "instance such as keras.layers.LSTM(64) or "
+            f"keras.layers.GRU(64); got layer={layer!r}."
+        )
+    if isinstance(layer, ConvLSTM) or isinstance(backward_layer, ConvLSTM):
+        raise ValueError(
+            "MaskedBidirectional wraps RNNs over (batch, time, features) "
+            "inputs; ConvLSTM1D/2D/3D take images per step. Use "
+            "keras.layers.Bidirectional for ConvLSTM layers."
+        )
+    if backward_layer is not None and not isinstance(backward_layer, keras.layers.RNN):
+        raise ValueError(
+            "`backward_layer` must be a keras.layers.RNN instance (or None "
+            f"to copy `layer`); got backward_layer={backward_layer!r}."
+        )
+    if merge_mode not in MERGE_MODES:
+        raise ValueError(
+            f"Invalid merge_mode={merge_mode!r}: use one of "
+            '"concat", "sum", "mul", "ave" or None.'
+        )
+    if layer.go_backwards:
+        raise ValueError(
+            "`layer` is the forward direction and must have "
+            "go_backwards=False; the backward direction is made from it "
+            "(or pass it as `backward_layer`)."
+        )
+    if layer.stateful:
+        raise ValueError(
+            "MaskedBidirectional does not support stateful=True: states "
+            "carried across batches do not mix with per-row lengths. Use "
+            "keras.layers.Bidirectional for stateful RNNs, or pass the "
+            "previous final states as `initial_state`."
+        )
+    if backward_layer is not None:
+        if not backward_layer.go_backwards:
+            raise ValueError(
+                "`backward_layer` must have go_backwards=True, like "
+                "keras.layers.Bidirectional requires; got "
+                "go_backwards=False."
+            )
+        for attr in ("stateful", "return_sequences", "return_state"):
+            fwd, bwd = getattr(layer, attr), getattr(backward_layer, attr)
+            if fwd != bwd:
+                raise ValueError(
+                    f"`layer` and `backward_layer` must have the same "
+                    f"{attr}; got {fwd} for layer and {bwd} for "
+                    "backward_layer."
+                )
+
+
+def check_wrapped_rnn(layer):
+    """The constructor checks of `MaskedRNN`."""
+    if not isinstance(layer, keras.layers.RNN):
+        raise ValueError(
+            "MaskedRNN needs `layer` to be a keras.layers.RNN instance such "
+            "as keras.layers.LSTM(64) or keras.layers.GRU(64); got "
+            f"layer={layer!r}."
+        )
+    if isinstance(layer, ConvLSTM):
+        raise ValueError(
+            "MaskedRNN wraps RNNs over (batch, time, features) inputs; "
+            f"ConvLSTM1D/2D/3D take images per step; got layer={layer!r}. "
+            "Call the ConvLSTM layer itself with its mask."
+        )
+    if layer.stateful:
+        raise ValueError(
+            "MaskedRNN does not support stateful=True: states carried "
+            "across batches do not mix with per-row lengths; got a layer "
+            "with stateful=True. Call the layer itself, or pass the previous "
+            "final states as `initial_state`."
+        )

@@ -11,12 +11,9 @@ from keras import ops
 
 from maskedrnn import _checks
 from maskedrnn import ops as mops
-from maskedrnn._keras_private import ConvLSTM
 from maskedrnn.layers import direction, kernels
 from maskedrnn.layers.direction import output_size as _output_size
 from maskedrnn.layers.direction import state_sizes as _state_sizes
-
-_MERGE_MODES = ("concat", "sum", "mul", "ave", None)
 
 
 def _strip_prefix(name, prefix):
@@ -124,58 +121,7 @@ class MaskedBidirectional(keras.layers.Layer):
         weights=None,
         **kwargs,
     ):
-        if not isinstance(layer, keras.layers.RNN):
-            raise ValueError(
-                "MaskedBidirectional needs `layer` to be a keras.layers.RNN "
-                "instance such as keras.layers.LSTM(64) or "
-                f"keras.layers.GRU(64). Received: layer={layer!r}"
-            )
-        if isinstance(layer, ConvLSTM) or isinstance(backward_layer, ConvLSTM):
-            raise ValueError(
-                "MaskedBidirectional wraps RNNs over (batch, time, features) "
-                "inputs; ConvLSTM1D/2D/3D take images per step. Use "
-                "keras.layers.Bidirectional for ConvLSTM layers."
-            )
-        if backward_layer is not None and not isinstance(
-            backward_layer, keras.layers.RNN
-        ):
-            raise ValueError(
-                "`backward_layer` must be a keras.layers.RNN instance (or None "
-                f"to copy `layer`). Received: backward_layer={backward_layer!r}"
-            )
-        if merge_mode not in _MERGE_MODES:
-            raise ValueError(
-                f"Invalid merge_mode={merge_mode!r}: use one of "
-                '"concat", "sum", "mul", "ave" or None.'
-            )
-        if layer.go_backwards:
-            raise ValueError(
-                "`layer` is the forward direction and must have "
-                "go_backwards=False; the backward direction is made from it "
-                "(or pass it as `backward_layer`)."
-            )
-        if layer.stateful:
-            raise ValueError(
-                "MaskedBidirectional does not support stateful=True: states "
-                "carried across batches do not mix with per-row lengths. Use "
-                "keras.layers.Bidirectional for stateful RNNs, or pass the "
-                "previous final states as `initial_state`."
-            )
-        if backward_layer is not None:
-            if not backward_layer.go_backwards:
-                raise ValueError(
-                    "`backward_layer` must have go_backwards=True, like "
-                    "keras.layers.Bidirectional requires. Received "
-                    "go_backwards=False."
-                )
-            for attr in ("stateful", "return_sequences", "return_state"):
-                fwd, bwd = getattr(layer, attr), getattr(backward_layer, attr)
-                if fwd != bwd:
-                    raise ValueError(
-                        f"`layer` and `backward_layer` must have the same "
-                        f"{attr}; got {fwd} for layer and {bwd} for "
-                        "backward_layer."
-                    )
+        _checks.check_bidirectional_layers(layer, backward_layer, merge_mode)
         super().__init__(**kwargs)
 
         base = _strip_prefix(layer.name, "forward_")

@@ -11,7 +11,6 @@ from keras import ops
 
 from maskedrnn import _checks
 from maskedrnn import ops as mops
-from maskedrnn._keras_private import ConvLSTM
 from maskedrnn.layers import direction, kernels
 
 
@@ -106,25 +105,7 @@ class MaskedRNN(keras.layers.Layer):
     """
 
     def __init__(self, layer, **kwargs):
-        if not isinstance(layer, keras.layers.RNN):
-            raise ValueError(
-                "MaskedRNN needs `layer` to be a keras.layers.RNN instance such "
-                "as keras.layers.LSTM(64) or keras.layers.GRU(64); got "
-                f"layer={layer!r}."
-            )
-        if isinstance(layer, ConvLSTM):
-            raise ValueError(
-                "MaskedRNN wraps RNNs over (batch, time, features) inputs; "
-                f"ConvLSTM1D/2D/3D take images per step; got layer={layer!r}. "
-                "Call the ConvLSTM layer itself with its mask."
-            )
-        if layer.stateful:
-            raise ValueError(
-                "MaskedRNN does not support stateful=True: states carried "
-                "across batches do not mix with per-row lengths; got a layer "
-                "with stateful=True. Call the layer itself, or pass the previous "
-                "final states as `initial_state`."
-            )
+        _checks.check_wrapped_rnn(layer)
         kwargs.setdefault("dtype", layer.dtype_policy)
         super().__init__(**kwargs)
         self.layer = direction.inner_copy(layer, layer.name)
