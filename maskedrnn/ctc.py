@@ -10,6 +10,7 @@ count is the row's logit length, as `input_lengths` is in
 `torch.nn.functional.ctc_loss`.
 
 * `MaskedCTC`: the loss (a registered `keras.losses.Loss`).
+* `masked_ctc`: the per-row values as a function, for custom loops.
 * `ctc_decode`: `keras.ops.ctc_decode` on the valid frames.
 * `ctc_ids_to_text`: decoded (or label) ids to lists of ids or strings.
 * `character_error_rate`: edit distance over reference length.
@@ -28,7 +29,13 @@ from keras.src.losses.loss import reduce_weighted_values
 from maskedrnn import _backend, _checks
 from maskedrnn import ops as mops
 
-__all__ = ["MaskedCTC", "ctc_decode", "ctc_ids_to_text", "character_error_rate"]
+__all__ = [
+    "MaskedCTC",
+    "masked_ctc",
+    "ctc_decode",
+    "ctc_ids_to_text",
+    "character_error_rate",
+]
 
 # `maskedrnn.ops._gather_time` is being made public as `gather_time`; use
 # whichever this checkout has.
@@ -132,8 +139,15 @@ def _min_frames(labels, label_lengths):
     return label_lengths + ops.sum(ops.cast(same, "int32"), axis=1)
 
 
-def masked_ctc_values(y_true, y_pred, mask=None, zero_infinity=False, dtype=None):
-    """Per-row CTC negative log-likelihood over each row's valid frames.
+def masked_ctc(
+    y_true, y_pred, mask=None, lengths=None, zero_infinity=False, dtype=None
+):
+    """Per-row CTC loss over each row's valid frames, for custom loops.
+
+    The values `MaskedCTC(reduction="none")` gives, with the valid frames
+    given explicitly (a model called in a custom loop may return no Keras
+    mask): `mask`, else `lengths`, else the Keras mask attached to `y_pred`,
+    else every frame.
 
     Args:
         y_true: Integer labels of shape `(batch, max_label_length)`, padded
@@ -141,25 +155,47 @@ def masked_ctc_values(y_true, y_pred, mask=None, zero_infinity=False, dtype=None
         y_pred: Logits of shape `(batch, time, classes)`, not softmaxed;
             class 0 is the blank.
         mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True
-            at valid frames. Defaults to `None` (every frame is valid).
+            at valid frames (any pattern). Defaults to `None`.
+        lengths: Optional integer tensor of shape `(batch,)`: rows are
+            right-padded and row `i` has `lengths[i]` valid frames. Do not
+            pass both `mask` and `lengths`. Values outside `[0, time]` raise
+            a `ValueError` in eager code and are clipped in compiled code.
+            Defaults to `None`.
         zero_infinity: Bool, whether infeasible rows give 0 instead of
             `inf`. Defaults to `False`.
         dtype: Dtype of the computation. Defaults to `None`
             (`keras.backend.floatx()`).
 
     Returns:
-        A `(batch,)` tensor: `inf` (or 0) for rows whose labels need more
-        frames than the row has, NaN for rows with an out-of-range label id
-        in compiled code (eager code raises instead).
+        A `(batch,)` tensor of negative log-likelihoods: `inf` (or 0 with
+        `zero_infinity`) for rows whose labels need more frames than the row
+        has, NaN for rows with a label id outside `[0, classes)` in compiled
+        code (eager code raises a `ValueError` instead).
+
+    Example:
+
+    >>> logits = model(x)  # (batch, time, classes), no Keras mask
+    >>> loss = ops.mean(masked_ctc(y_true, logits, lengths=frame_counts))
     """
+    if mask is not None and lengths is not None:
+        raise ValueError(
+            "Pass either mask or lengths to masked_ctc, not both (lengths=L is "
+            "the same as mask=sequence_mask(L, time))."
+        )
+    if mask is None and lengths is None:
+        mask = get_keras_mask(y_pred)
     dtype = dtype or keras.backend.floatx()
     y_pred = ops.convert_to_tensor(y_pred, dtype=dtype)
     _check_logits(y_pred)
     labels, label_lengths, bad_rows = _labels(y_true, y_pred)
-    if mask is None:
-        counts = ops.full((ops.shape(y_pred)[0],), ops.shape(y_pred)[1], "int32")
-    else:
+    if mask is not None:
         y_pred, counts = _compact(y_pred, _check_mask(mask, y_pred))
+    elif lengths is not None:
+        counts = _check_lengths(lengths, y_pred)
+        valid = mops.sequence_mask(counts, ops.shape(y_pred)[1])
+        y_pred = ops.where(ops.expand_dims(valid, -1), y_pred, ops.zeros_like(y_pred))
+    else:
+        counts = ops.full((ops.shape(y_pred)[0],), ops.shape(y_pred)[1], "int32")
     infeasible = counts < _min_frames(labels, label_lengths)
     # Infeasible rows are computed with an empty label (a finite value whose
     # gradient the select below stops), so that no backend's inf, NaN or
@@ -257,8 +293,12 @@ class MaskedCTC(keras.losses.Loss):
     def __call__(self, y_true, y_pred, sample_weight=None):
         mask = get_keras_mask(y_pred)
         with keras.name_scope(self.name):
-            values = masked_ctc_values(
-                y_true, y_pred, mask, self.zero_infinity, dtype=self.dtype
+            values = masked_ctc(
+                y_true,
+                y_pred,
+                mask=mask,
+                zero_infinity=self.zero_infinity,
+                dtype=self.dtype,
             )
             if sample_weight is not None:
                 sample_weight = ops.convert_to_tensor(sample_weight, self.dtype)
@@ -279,8 +319,12 @@ class MaskedCTC(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         """Per-row values, `(batch,)`, with the Keras mask of `y_pred`."""
-        return masked_ctc_values(
-            y_true, y_pred, get_keras_mask(y_pred), self.zero_infinity, self.dtype
+        return masked_ctc(
+            y_true,
+            y_pred,
+            mask=get_keras_mask(y_pred),
+            zero_infinity=self.zero_infinity,
+            dtype=self.dtype,
         )
 
     def get_config(self):
