@@ -565,3 +565,61 @@ def test_character_error_rate():
     assert character_error_rate([[1, 2, 3]], [[]]) == 1.0
     with pytest.raises(ValueError, match="got 2 references and 1 hypotheses"):
         character_error_rate(["a", "b"], ["a"])
+
+
+# ------------------------------------------- keras-io's CTC ASR, converted
+
+
+def _keras_io_asr_model(input_dim, output_dim, rnn_layers, rnn_units):
+    """keras-io's "CTC ASR" model (DeepSpeech2-like), as docs/ctc.md shows it:
+    a frame mask (every second frame: the first convolution halves time) is
+    given to the first Bidirectional, and the output is logits."""
+    layers = keras.layers
+    spectrogram = layers.Input((None, input_dim), name="input")
+    frame_mask = ops.any(ops.not_equal(spectrogram, 0.0), axis=-1)[:, ::2]
+    x = layers.Reshape((-1, input_dim, 1))(spectrogram)
+    x = layers.Conv2D(4, [11, 41], strides=[2, 2], padding="same", use_bias=False)(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    x = layers.Conv2D(4, [11, 21], strides=[1, 2], padding="same", use_bias=False)(x)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    x = layers.Reshape((-1, x.shape[-2] * x.shape[-1]))(x)
+    for i in range(1, rnn_layers + 1):
+        gru = layers.GRU(rnn_units, return_sequences=True, reset_after=True)
+        x = layers.Bidirectional(gru, merge_mode="concat")(
+            x, mask=frame_mask if i == 1 else None
+        )
+        if i < rnn_layers:
+            x = layers.Dropout(rate=0.5)(x)
+    x = layers.Dense(rnn_units * 2)(x)
+    x = layers.ReLU()(x)
+    x = layers.Dropout(rate=0.5)(x)
+    logits = layers.Dense(output_dim + 1)(x)
+    return keras.Model(spectrogram, logits)
+
+
+@pytest.mark.slow
+def test_keras_io_asr_model_converts_and_trains_with_masked_ctc():
+    keras.utils.set_random_seed(4)
+    model = _keras_io_asr_model(
+        input_dim=16, output_dim=C - 1, rnn_layers=2, rnn_units=4
+    )
+    fast = maskedrnn.convert_model(model)  # uncompiled, then compiled below
+    assert sum(isinstance(a, maskedrnn.MaskedBidirectional) for a in fast.layers) == 2
+    x = np.random.default_rng(5).normal(size=(B, 18, 16)).astype("float32")
+    frames = np.array([18, 13, 9, 16])
+    for b, n in enumerate(frames):
+        x[b, n:] = 0.0
+    np.testing.assert_allclose(to_np(fast(x)), to_np(model(x)), atol=1e-5)
+    # The mask reaches the logits: MaskedCTC scores ceil(frames / 2) frames.
+    logits = fast(ops.convert_to_tensor(x))
+    mask = np.arange(9)[None] < (frames[:, None] + 1) // 2
+    np.testing.assert_allclose(
+        to_np(MaskedCTC(reduction="none")(LABELS, logits)),
+        _torch_ctc(to_np(logits), mask, LABELS),
+        rtol=1e-5,
+    )
+    fast.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedCTC())
+    history = fast.fit(x, LABELS, batch_size=B, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
