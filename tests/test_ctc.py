@@ -61,25 +61,30 @@ def _with_mask(x, mask):
 
 def _torch_ctc(x, mask, labels, zero_infinity=False, grad=False):
     """PyTorch's per-row CTC on the valid frames, and optionally the gradient
-    of the mean w.r.t. the full (batch, time, classes) logits."""
+    of the mean w.r.t. the full (batch, time, classes) logits.
+
+    One batched `ctc_loss` call: each row's valid frames (in order) first,
+    `input_lengths` = their count, `targets` = the non-zero labels."""
     xt = torch.tensor(np.where(mask[..., None], x, 0.0), requires_grad=grad)
-    losses = []
-    for b in range(len(x)):
-        rows = torch.tensor(np.flatnonzero(mask[b]))
-        frames = xt[b].index_select(0, rows)  # valid frames, in order
-        target = torch.tensor(labels[b][labels[b] > 0], dtype=torch.long)
-        losses.append(
-            torch.nn.functional.ctc_loss(
-                frames.log_softmax(-1)[:, None],
-                target[None],
-                [len(rows)],
-                [len(target)],
-                blank=0,
-                reduction="none",
-                zero_infinity=zero_infinity,
-            )[0]
-        )
-    losses = torch.stack(losses)
+    batch, time = mask.shape
+    order = np.stack(
+        [np.concatenate([np.flatnonzero(m), np.flatnonzero(~m)]) for m in mask]
+    )
+    index = torch.tensor(order)[..., None].expand(-1, -1, x.shape[-1])
+    compact = torch.gather(xt, 1, index)  # (batch, time, classes)
+    targets = [row[row > 0] for row in labels]
+    padded = np.zeros((batch, max(1, max(len(t) for t in targets))), "int64")
+    for b, t in enumerate(targets):
+        padded[b, : len(t)] = t
+    losses = torch.nn.functional.ctc_loss(
+        compact.log_softmax(-1).transpose(0, 1),
+        torch.tensor(padded),
+        torch.tensor(mask.sum(1)),
+        torch.tensor([len(t) for t in targets]),
+        blank=0,
+        reduction="none",
+        zero_infinity=zero_infinity,
+    )
     if not grad:
         return losses.detach().numpy()
     (g,) = torch.autograd.grad(losses.mean(), xt)
@@ -146,6 +151,22 @@ def test_gradient_equals_torch_and_is_zero_at_padded_frames(pattern):
     np.testing.assert_allclose(grad, expected_grad, atol=1e-6)
     assert np.all(grad[~mask] == 0)
     assert np.any(grad[mask] != 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_masks_and_labels_equal_torch(seed):
+    """Random masks (empty rows included) and labels (repeats, infeasible
+    rows, zeros between labels), with torch's zero_infinity=True."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random((6, 10)) < rng.uniform(0.2, 1.0, size=(6, 1))
+    mask[0] = False
+    labels = rng.integers(0, 6, size=(6, 4)).astype("int32")
+    labels[1] = [2, 2, 2, 0]
+    x = rng.normal(size=(6, 10, 6)).astype("float32")
+    x[~mask] = np.nan
+    expected = _torch_ctc(x, mask, labels, zero_infinity=True)
+    values = masked_ctc(labels, x, mask=mask, zero_infinity=True)
+    np.testing.assert_allclose(to_np(values), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_lengths_give_the_right_padded_mask():
