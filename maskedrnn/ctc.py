@@ -224,7 +224,8 @@ class MaskedCTC(keras.losses.Loss):
     frames only: the number of valid frames is the row's logit length, as
     `input_lengths` in `torch.nn.functional.ctc_loss`. Any mask pattern works
     (right padding, left padding as `pad_sequences` makes it, holes). Without
-    a mask every frame counts and the value equals `keras.losses.CTC()`.
+    a mask every frame counts and the value equals `keras.losses.CTC()`
+    (for every row that has a path; see below).
 
     Keras 3.15.1's own `keras.losses.CTC` fails in `fit` on a masked output
     (it multiplies the per-row loss by the `(batch, time)` mask,
@@ -232,8 +233,9 @@ class MaskedCTC(keras.losses.Loss):
     frames as speech.
 
     Rows whose labels need more frames than they have (one per label plus a
-    blank between equal neighbours) give `inf`, as in PyTorch (Keras' JAX
-    backend gives a large finite number there); `zero_infinity=True` gives
+    blank between equal neighbours) give `inf` on every backend, as in
+    PyTorch (Keras 3.15.1's CTC gives a large finite number there on
+    TensorFlow and JAX); `zero_infinity=True` gives
     0. Either way such rows pass no gradient. A label id outside
     `[0, classes)` raises a `ValueError` when the values can be read (eager
     TensorFlow, PyTorch, JAX outside `jit`); in compiled code (`fit` in a

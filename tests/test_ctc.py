@@ -243,6 +243,12 @@ def test_infeasible_rows_give_inf_like_torch():
     values = to_np(masked_ctc(labels, x, mask=mask))
     np.testing.assert_allclose(values, expected, rtol=1e-5)
     assert np.isinf(to_np(MaskedCTC()(labels, _with_mask(x, mask))))
+    # Keras' CTC (no mask) on the valid frames alone of row 0: inf on torch,
+    # a large finite number on TensorFlow and JAX; MaskedCTC gives inf.
+    alone = x[:1][:, mask[0]]
+    keras_value = to_np(keras.losses.CTC(reduction=None)(labels[:1], alone))[0]
+    assert np.isinf(keras_value) if BACKEND == "torch" else keras_value > 100
+    assert np.isinf(to_np(MaskedCTC(reduction="none")(labels[:1], alone))[0])
 
 
 def test_zero_infinity_equals_torch_values_and_gradient():
