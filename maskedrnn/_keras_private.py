@@ -9,3 +9,7 @@ from keras.src.backend import get_keras_mask  # noqa: F401
 
 # The ConvLSTM1D/2D/3D base class, refused by the wrappers (no public base).
 from keras.src.layers.rnn.conv_lstm import ConvLSTM  # noqa: F401
+
+# The reduction keras.losses.Loss.__call__ applies (sample weights, every
+# `reduction`, tf.distribute scaling), reused so losses match Keras exactly.
+from keras.src.losses.loss import reduce_weighted_values  # noqa: F401
