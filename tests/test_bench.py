@@ -517,3 +517,32 @@ def test_stacked_preset_is_the_gpu_size_with_two_layers():
     assert stacked["layers"] == 2 and gpu["layers"] == 1
     for key in ("batch", "time", "features", "units"):
         assert stacked[key] == gpu[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
+    """--layer rnn: MaskedRNN against the Keras LSTM/GRU fed the mask
+    (zero_output_for_mask=True, as PyTorch pads with zeros) and, on torch,
+    nn.LSTM/GRU(bidirectional=False) packed; stacked, with holes and states."""
+    argv = TINY + QUICK + ["--layer", "rnn", "--cell", cell, "--layers", "2"]
+    results = bench.main(
+        argv + ["--padding", "holes", "--return-state", "--mode", "train"]
+    )
+    assert results["config"]["layer"] == "rnn"
+    rows = by_case(results)
+    assert rows["maskedrnn", "train"]["label"] == "MaskedRNN, mask="
+    assert rows["keras_masked", "train"]["label"] == f"keras {cell.upper()}, mask="
+    for (name, _), row in rows.items():
+        if name in bench.CEILINGS:
+            assert row["max_abs_diff"] > 1e-3, row
+            continue
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    ours = rows["maskedrnn", "train"]["kernels"]
+    assert "with a mask" not in ours
+    if BACKEND == "torch" and not GPU:
+        assert ours == "torch native kernel computed x2"  # 2 layers, 1 direction
+    masked = rows["keras_masked", "train"]["kernels"]
+    assert "backend.rnn computed, with a mask x2" in masked
+    assert "MaskedRNN" in bench.format_table(results)

@@ -43,6 +43,10 @@ Each row gets `kernels` (a summary line), `kernel_calls` (the records) and
 `--profile` also lists the RNN kernels the backend's profiler saw (CUDA
 kernel names on a GPU).
 
+`--layer rnn` times `MaskedRNN` the same way, against the Keras `LSTM`/`GRU`
+with and without the mask and PyTorch's unidirectional module; `--layers N`
+stacks N layers (`--preset stacked`: the GPU sizes, 2 layers).
+
 Layout: `config` (names, presets, options, data), `harness_tensorflow`,
 `harness_jax`, `harness_torch` (compiling, syncing, devices, threads),
 `kernels` (spies and profiles), `timing` (the run), `report` (table, JSON

@@ -10,13 +10,24 @@ import math
 
 import numpy as np
 
+# Labels, formatted with the layer kind (`--layer`, see LAYERS) and the cell.
 IMPLS = {
-    "maskedrnn": "MaskedBidirectional, mask=",
-    "maskedrnn_lengths": "MaskedBidirectional, lengths=",
-    "keras_masked": "keras Bidirectional, mask=",
-    "keras_unmasked": "keras Bidirectional, no mask (ceiling)",
-    "torch_packed": "torch nn.{cell} bidirectional, PackedSequence",
-    "torch_unpacked": "torch nn.{cell} bidirectional, padded (ceiling)",
+    "maskedrnn": "{ours}, mask=",
+    "maskedrnn_lengths": "{ours}, lengths=",
+    "keras_masked": "keras {keras}, mask=",
+    "keras_unmasked": "keras {keras}, no mask (ceiling)",
+    "torch_packed": "torch nn.{cell}{torch}, PackedSequence",
+    "torch_unpacked": "torch nn.{cell}{torch}, padded (ceiling)",
+}
+# `--layer`: what ours and Keras' layers are, and PyTorch's direction flag.
+LAYERS = {
+    "bidirectional": {
+        "ours": "MaskedBidirectional",
+        "keras": "Bidirectional",
+        "torch": " bidirectional",
+        "directions": 2,
+    },
+    "rnn": {"ours": "MaskedRNN", "keras": "{cell}", "torch": "", "directions": 1},
 }
 OURS = ("maskedrnn", "maskedrnn_lengths")
 BASELINES = ("keras_masked", "keras_unmasked", "torch_packed", "torch_unpacked")
@@ -175,6 +186,16 @@ def build_parser():
         ),
     )
     parser.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
+    parser.add_argument(
+        "--layer",
+        choices=tuple(LAYERS),
+        default="bidirectional",
+        help="'bidirectional' (MaskedBidirectional against keras Bidirectional "
+        "and torch bidirectional=True, default) or 'rnn' (MaskedRNN against "
+        "the keras LSTM/GRU itself and torch bidirectional=False; the Keras "
+        "layers get zero_output_for_mask=True, so padded steps are zeros as "
+        "in PyTorch's packed output)",
+    )
     parser.add_argument(
         "--preset",
         choices=("auto", "cpu", "gpu", "stacked"),

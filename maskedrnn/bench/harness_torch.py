@@ -76,27 +76,39 @@ class Harness:
             lambda x: layer(x, training=training, **kwargs), params, mode, x, w
         )
 
-    def torch_module(self, cell, keras_layers, units):
-        """nn.LSTM/GRU(bidirectional, num_layers=len(keras_layers)) with the
-        weights of the stacked Keras `Bidirectional` layers."""
+    def torch_module(self, cell, keras_layers, units, bidirectional=True):
+        """nn.LSTM/GRU(num_layers=len(keras_layers)) with the weights of the
+        stacked Keras `Bidirectional` (or, `bidirectional=False`, LSTM/GRU)
+        layers."""
         from maskedrnn.convert import keras_to_torch_state_dict
 
         torch = self.torch
-        features = keras_layers[0].forward_layer.cell.kernel.shape[0]
+        first = keras_layers[0]
+        first = first.forward_layer if bidirectional else first
+        features = first.cell.kernel.shape[0]
         cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
         module = cls(
             features,
             units,
             num_layers=len(keras_layers),
             batch_first=True,
-            bidirectional=True,
+            bidirectional=bidirectional,
         )
         state = keras_to_torch_state_dict([k.get_weights() for k in keras_layers])
         module.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
         return module.to(self.device)
 
     def torch_step(
-        self, module, packed, mode, x, w, lengths, return_state=False, order=None
+        self,
+        module,
+        packed,
+        mode,
+        x,
+        w,
+        lengths,
+        return_state=False,
+        order=None,
+        directions=2,
     ):
         """A step of PyTorch's module; `order` (from
         `config.valid_first_order`, for pre-padded data or holes) makes the
@@ -130,10 +142,12 @@ class Harness:
                 return y
             from maskedrnn.bench.timing import states_into_sequence
 
-            # PyTorch's states are (2 * layers, batch, units) per kind (h,
-            # and c for an LSTM), the last layer's last: forward, backward,
-            # as ours' order.
+            # PyTorch's states are (directions * layers, batch, units) per
+            # kind (h, and c for an LSTM), the last layer's last: forward,
+            # backward, as ours' order.
             hidden = hidden if isinstance(hidden, tuple) else (hidden,)
+            if directions == 1:
+                return states_into_sequence(y, *[h[-1] for h in hidden], directions=1)
             return states_into_sequence(
                 y, *[h[-2] for h in hidden], *[h[-1] for h in hidden]
             )

@@ -70,6 +70,7 @@ def format_table(results):
     layers = f", {n} stacked layers" if n > 1 else ""
     lines = [
         f"backend {c['backend']} on {results['environment']['device']}, "
+        f"{'' if c.get('layer', 'bidirectional') == 'bidirectional' else 'MaskedRNN, '}"
         f"{c['cell'].upper()}, B={c['batch']} T={c['time']} D={c['features']} "
         f"U={c['units']}{layers}, lengths {c['lengths']} "
         f"(mean {c['mean_length']:.1f}, "

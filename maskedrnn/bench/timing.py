@@ -9,7 +9,7 @@ import numpy as np
 
 from maskedrnn.bench import config, kernels, report
 from maskedrnn.bench.config import CEILINGS, IMPLS, REFERENCE, TORCH_ONLY
-from maskedrnn.layers import MaskedBidirectional
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 
 def backend_module(backend):
@@ -71,9 +71,9 @@ def max_abs_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
-def make_cell(cell, units, return_state=False):
+def make_cell(cell, units, return_state=False, **kwargs):
     cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
-    return cls(units, return_sequences=True, return_state=return_state)
+    return cls(units, return_sequences=True, return_state=return_state, **kwargs)
 
 
 class StatesIntoSequence(keras.layers.Layer):
@@ -84,9 +84,10 @@ class StatesIntoSequence(keras.layers.Layer):
     timed output, the loss and the checks all depend on the final states.
     """
 
-    def __init__(self, layer, **kwargs):
+    def __init__(self, layer, directions=2, **kwargs):
         super().__init__(**kwargs)
         self.layer = layer
+        self.directions = directions
         self.supports_masking = True  # `mask=` goes on to `layer`
 
     def build(self, input_shape):
@@ -94,7 +95,8 @@ class StatesIntoSequence(keras.layers.Layer):
             self.layer.build(input_shape)
 
     def call(self, x, **kwargs):
-        return states_into_sequence(*self.layer(x, **kwargs))
+        outputs = self.layer(x, **kwargs)
+        return states_into_sequence(*outputs, directions=self.directions)
 
 
 class Stacked(keras.layers.Layer):
@@ -118,8 +120,13 @@ class Stacked(keras.layers.Layer):
         return x
 
 
-def states_into_sequence(sequence, *states):
-    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps."""
+def states_into_sequence(sequence, *states, directions=2):
+    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps
+    (`directions=1`: `sequence + state_k`)."""
+    if directions == 1:
+        for state in states:
+            sequence = sequence + keras.ops.expand_dims(state, 1)
+        return sequence
     half = len(states) // 2
     for forward, backward in zip(states[:half], states[half:]):
         both = keras.ops.concatenate([forward, backward], axis=-1)
@@ -210,7 +217,9 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
     mask_np = config.make_mask(lengths, t, padding, seed=args.seed + 1)
     x_np = rng.standard_normal((b, t, d)).astype("float32")
     x_np = np.where(mask_np[..., None], x_np, 0.0).astype("float32")
-    w_np = rng.standard_normal((b, t, 2 * u)).astype("float32")
+    kind = getattr(args, "layer", "bidirectional")
+    directions = config.LAYERS[kind]["directions"]
+    w_np = rng.standard_normal((b, t, directions * u)).astype("float32")
     order = None if padding == "post" else config.valid_first_order(mask_np)
 
     harness = module.Harness(gpu)
@@ -228,13 +237,23 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             layers = []
             for i in range(n):
                 states = args.return_state and i == n - 1
-                layer = wrapper(make_cell(args.cell, u, states))
-                layer.build((None, None, d if i == 0 else 2 * u))
+                if directions == 2:
+                    layer = wrapper(make_cell(args.cell, u, states))
+                else:
+                    # Zeros at padded steps, as PyTorch's packed output.
+                    layer = wrapper(
+                        make_cell(args.cell, u, states, zero_output_for_mask=True)
+                    )
+                layer.build((None, None, d if i == 0 else directions * u))
                 layers.append(layer)
             return layers
 
-        keras_layers = stack(keras.layers.Bidirectional)
-        ours_layers = stack(MaskedBidirectional)
+        if directions == 2:
+            keras_layers = stack(keras.layers.Bidirectional)
+            ours_layers = stack(MaskedBidirectional)
+        else:
+            keras_layers = stack(lambda inner: inner)
+            ours_layers = stack(MaskedRNN)
         ours_timed, keras_timed = ours_layers[0], keras_layers[0]
         if n > 1:
             ours_timed = Stacked(ours_layers, name="ours_stacked")
@@ -242,8 +261,12 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             ours_timed.build((None, None, d))
             keras_timed.build((None, None, d))
         if args.return_state:
-            ours_timed = StatesIntoSequence(ours_timed, name="ours_with_states")
-            keras_timed = StatesIntoSequence(keras_timed, name="keras_with_states")
+            ours_timed = StatesIntoSequence(
+                ours_timed, directions, name="ours_with_states"
+            )
+            keras_timed = StatesIntoSequence(
+                keras_timed, directions, name="keras_with_states"
+            )
             ours_timed.build((None, None, d))
             keras_timed.build((None, None, d))
         # Weights from --seed, the same on every backend, different in each
@@ -267,20 +290,33 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
                 return harness.keras_step(keras_timed, mode, x, w, {"mask": mask})
             if name == "keras_unmasked":
                 return harness.keras_step(keras_timed, mode, x, w, {})
-            torch_module = harness.torch_module(args.cell, keras_layers, u)
+            torch_module = harness.torch_module(
+                args.cell, keras_layers, u, bidirectional=directions == 2
+            )
             packed = name == "torch_packed"
             return harness.torch_step(
-                torch_module, packed, mode, x, w, lengths, args.return_state, order
+                torch_module,
+                packed,
+                mode,
+                x,
+                w,
+                lengths,
+                args.return_state,
+                order,
+                directions,
             )
 
         rows = _time_all(harness, impls, modes, make_step, settings, args)
 
     for row in rows:
-        row["label"] = IMPLS[row["impl"]].format(cell=args.cell.upper())
+        names = {k: str(v) for k, v in config.LAYERS[kind].items()}
+        names["keras"] = names["keras"].format(cell=args.cell.upper())
+        row["label"] = IMPLS[row["impl"]].format(cell=args.cell.upper(), **names)
     return {
         "config": {
             "backend": backend,
             "cell": args.cell,
+            "layer": kind,
             "batch": b,
             "time": t,
             "features": d,
