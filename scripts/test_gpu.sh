@@ -3,7 +3,7 @@
 # backends, then the benchmark (LSTM and GRU, pre-padded, with and without
 # --return-state, with --profile), writing JSON files and logs into OUT_DIR.
 #
-#   scripts/test_gpu.sh [--dry-run] [--part tests|bench|all] [OUT_DIR]   (OUT_DIR: $OUT)
+#   scripts/test_gpu.sh [--dry-run] [--part tests|bench|extra|all] [OUT_DIR]  (OUT_DIR: $OUT)
 #   scripts/test_gpu.sh --fetch-wheels    # here, with a package index (see below)
 #
 # The GPU machine (../shared/gpu/README.md) has Python 3.12 with CUDA builds of
@@ -12,7 +12,8 @@
 #                                         # plus pytest and its dependencies, into .whl/
 # then on the GPU machine, with .whl carried, one part per command (each fits in 10 min):
 #   scripts/test_gpu.sh --part tests $OUT
-#   scripts/test_gpu.sh --part bench $OUT
+#   scripts/test_gpu.sh --part bench $OUT    # LSTM, GRU, pre-padded, +- --return-state
+#   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked
 # and copy $OUT's *.json and *.log into docs/results/.
 #
 # --dry-run: installs nothing and runs nothing: collects the selected tests on each
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case "$PART" in tests|bench|all) ;; *) echo "--part must be tests, bench or all; got $PART" >&2; exit 2 ;; esac
+case "$PART" in tests|bench|extra|all) ;; *) echo "--part must be tests, bench, extra or all; got $PART" >&2; exit 2 ;; esac
 if [ -z "$OUT_DIR" ]; then
   echo "give an output folder (argument) or set OUT" >&2
   exit 2
@@ -55,7 +56,8 @@ LOG="$OUT_DIR/test_gpu.log"
 # The GPU-relevant tests: parity with Keras' masked layer (layer, ops, execution
 # modes, mixed precision), the kernel spies and profiles, training parity,
 # GPU -> CPU save/load, the bench's own checks; on torch, the native-kernel tests.
-TESTS=${GPU_TESTS:-"tests/test_masked_bidirectional.py tests/test_ops.py tests/test_execution_modes.py
+TESTS=${GPU_TESTS:-"tests/test_masked_bidirectional.py tests/test_masked_rnn.py
+  tests/test_ops.py tests/test_execution_modes.py
   tests/test_precision.py tests/test_backends.py tests/test_bench_kernels.py
   tests/test_training.py tests/test_gpu_to_cpu.py tests/test_bench.py"}
 if [ -z "${GPU_TESTS:-}" ] && "$PY" -c "import hypothesis" 2>/dev/null; then
@@ -84,7 +86,7 @@ else
 fi
 
 status=0
-if [ "$PART" != bench ]; then
+if [ "$PART" = tests ] || [ "$PART" = all ]; then
   for backend in $BACKENDS; do
     files=$TESTS
     [ "$backend" = torch ] && files="$files tests/test_torch_kernels.py"
@@ -106,26 +108,38 @@ if [ "$PART" != bench ]; then
   done
 fi
 
-if [ "$PART" != tests ]; then
+RUNS=()
+if [ "$PART" = bench ] || [ "$PART" = all ]; then
+  for cell in lstm gru; do
+    for state in "" --return-state; do
+      RUNS+=("$cell-pre${state:+-state}|--preset gpu --padding pre --cell $cell $state")
+    done
+  done
+fi
+if [ "$PART" = extra ] || [ "$PART" = all ]; then
+  for cell in lstm gru; do
+    RUNS+=("rnn-$cell-pre|--preset gpu --layer rnn --padding pre --cell $cell")
+  done
+  RUNS+=("stacked-lstm-pre|--preset stacked --padding pre --cell lstm")
+fi
+if [ ${#RUNS[@]} -gt 0 ]; then
   commands=()
   for backend in $BACKENDS; do
-    for cell in lstm gru; do
-      for state in "" --return-state; do
-        name="gpu-$backend-$cell-pre${state:+-state}"
-        args=(--preset gpu --padding pre --cell "$cell" $state --mode both --profile
-              --no-progress --json "$OUT_DIR/$name.json")
-        if [ "$DRY" = 1 ]; then
-          echo "KERAS_BACKEND=$backend $PY -m maskedrnn.bench ${args[*]}"
-          commands+=("${args[*]}")
-          continue
-        fi
-        echo "=== bench $name ===" | tee -a "$LOG"
-        KERAS_BACKEND=$backend "$PY" -m maskedrnn.bench "${args[@]}" \
-          > "$OUT_DIR/$name.txt" 2>&1
-        rc=$?
-        cat "$OUT_DIR/$name.txt" >> "$LOG"
-        [ "$rc" = 0 ] || { echo "bench $name failed (exit $rc)" | tee -a "$LOG"; status=1; }
-      done
+    for run in "${RUNS[@]}"; do
+      name="gpu-$backend-${run%%|*}"
+      # shellcheck disable=SC2206
+      args=(${run#*|} --mode both --profile --no-progress --json "$OUT_DIR/$name.json")
+      if [ "$DRY" = 1 ]; then
+        echo "KERAS_BACKEND=$backend $PY -m maskedrnn.bench ${args[*]}"
+        commands+=("${args[*]}")
+        continue
+      fi
+      echo "=== bench $name ===" | tee -a "$LOG"
+      KERAS_BACKEND=$backend "$PY" -m maskedrnn.bench "${args[@]}" \
+        > "$OUT_DIR/$name.txt" 2>&1
+      rc=$?
+      cat "$OUT_DIR/$name.txt" >> "$LOG"
+      [ "$rc" = 0 ] || { echo "bench $name failed (exit $rc)" | tee -a "$LOG"; status=1; }
     done
   done
   if [ "$DRY" = 1 ]; then

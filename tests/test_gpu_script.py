@@ -50,11 +50,17 @@ def test_dry_run_collects_the_gpu_tests_and_parses_the_bench_commands(tmp_path):
     commands = [
         line for line in result.stdout.splitlines() if "-m maskedrnn.bench" in line
     ]
-    assert len(commands) == 4  # LSTM and GRU, with and without --return-state
-    assert "4 bench commands parse" in result.stdout
-    assert all("--preset gpu --padding pre" in c for c in commands)
+    # LSTM and GRU, with and without --return-state; then MaskedRNN (LSTM,
+    # GRU) and two stacked bidirectional LSTMs.
+    assert len(commands) == 7
+    assert "7 bench commands parse" in result.stdout
+    assert all("--padding pre" in c for c in commands)
+    assert sum("--preset gpu --padding pre --cell" in c for c in commands) == 4
     assert sum("--return-state" in c for c in commands) == 2
-    assert sum("--cell gru" in c for c in commands) == 2
+    assert sum("--cell gru" in c for c in commands) == 3
+    assert sum("--layer rnn" in c for c in commands) == 2
+    assert sum("--preset stacked" in c for c in commands) == 1
+    assert all(f"gpu-{BACKEND}-" in c and "--profile" in c for c in commands)
     assert not (tmp_path / "out" / "test_gpu.log").exists()  # ran nothing
 
 
