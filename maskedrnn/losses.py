@@ -27,16 +27,11 @@ import numbers
 import keras
 from keras import ops
 
-# Private Keras APIs, gathered here. `get_keras_mask` reads the mask a layer
-# attached to a tensor (Keras has no public accessor); `reduce_weighted_values`
-# is the reduction `keras.losses.Loss.__call__` applies (sample weights, mask
-# weights, every `reduction`, `tf.distribute` scaling), reused so that the
-# values match Keras exactly; `LossFunctionWrapper` is how Keras turns a loss
-# function into a `Loss` (as `model.compile` does).
-from keras.src.backend import get_keras_mask
-from keras.src.losses.loss import reduce_weighted_values
-from keras.src.losses.losses import LossFunctionWrapper
-
+from maskedrnn._keras_private import (
+    LossFunctionWrapper,
+    get_keras_mask,
+    reduce_weighted_values,
+)
 from maskedrnn.ops import sequence_mask
 
 __all__ = ["MaskedLoss", "masked_loss"]
@@ -53,7 +48,7 @@ def _check_pad_value(pad_value):
     if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real):
         raise TypeError(
             "`pad_value` must be None or a number that marks padded labels in "
-            f"y_true (for example -1); received pad_value={pad_value!r}."
+            f"y_true (for example -1); got pad_value={pad_value!r}."
         )
     if isinstance(pad_value, numbers.Integral):
         return int(pad_value)
@@ -78,7 +73,7 @@ def _padding_steps(y_true, y_pred, pad_value):
         raise ValueError(
             "With `pad_value`, y_true must have the rank of y_pred (a trailing "
             "feature or label axis) or one axis less (one label per step); "
-            f"received y_true of shape {tuple(y_true.shape)} and y_pred of shape "
+            f"got y_true of shape {tuple(y_true.shape)} and y_pred of shape "
             f"{tuple(y_pred.shape)}."
         )
     if isinstance(pad_value, float) and math.isnan(pad_value):
@@ -185,7 +180,7 @@ def _resolve_loss(loss):
         return loss
     if isinstance(loss, type):
         raise TypeError(
-            f"`loss` must be a loss instance, function or name; received the "
+            f"`loss` must be a loss instance, function or name; got the "
             f"class {loss.__name__}. Instantiate it, e.g. `{loss.__name__}()`."
         )
     if isinstance(loss, (str, dict)):
@@ -196,7 +191,7 @@ def _resolve_loss(loss):
         raise TypeError(
             "`loss` must be a keras.losses.Loss instance, a loss function "
             "fn(y_true, y_pred) or the name of a Keras loss (e.g. "
-            f"'sparse_categorical_crossentropy'); received loss={loss!r}."
+            f"'sparse_categorical_crossentropy'); got loss={loss!r}."
         )
     if isinstance(fn, keras.losses.Loss):
         return fn
@@ -397,7 +392,7 @@ def masked_loss(
         y_pred_shape = ops.shape(y_pred)
         if len(y_pred_shape) < 2:
             raise ValueError(
-                "`lengths` needs y_pred of shape (batch, time, ...); received "
+                "`lengths` needs y_pred of shape (batch, time, ...); got "
                 f"y_pred of shape {tuple(y_pred_shape)}."
             )
         mask = sequence_mask(lengths, maxlen=y_pred_shape[1])
