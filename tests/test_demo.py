@@ -24,8 +24,8 @@ BACKEND = keras.backend.backend()
 # epochs their probabilities differ by float32 rounding only, compounded over
 # the training steps: at most 8.9e-8 observed on the three backends (these
 # quick distance and vowels runs, CPU). 1e-6 is 11x that, far below any real
-# divergence (the unmasked model: >1e-2; a 1 % perturbation of our outputs:
-# ~1e-3, see test_cli_exits_nonzero_when_ours_disagrees).
+# divergence (the unmasked model: >1e-2; our outputs scaled by 1.01: 1.8e-4,
+# see test_cli_exits_nonzero_when_ours_disagrees).
 AGREE_ATOL = 1e-6
 # The naive (unmasked) model reads the padding: its probabilities differ from
 # the masked ones by ~1e-2 after the quick run (1.3e-2 to 3.4e-2 observed).
