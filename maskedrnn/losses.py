@@ -378,10 +378,21 @@ def masked_loss(
 
     Example:
 
-    >>> logits = model(x)  # (batch, time, classes), no Keras mask
-    >>> loss = masked_loss(
-    ...     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    ...     y_true, logits, lengths=lengths)
+    >>> y_true = np.zeros((2, 3, 1))
+    >>> y_pred = np.array([[[1.0], [2.0], [9.0]], [[3.0], [9.0], [9.0]]])
+    >>> lengths = np.array([2, 1])  # the 9s are padding
+    >>> loss = masked_loss("mean_squared_error", y_true, y_pred, lengths=lengths)
+    >>> round(float(loss), 4)  # (1 + 4 + 9) / 3 valid steps
+    4.6667
+
+    In a custom training loop, on a model without Keras masks:
+
+    ```python
+    logits = model(x)  # (batch, time, classes)
+    loss = masked_loss(
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        y_true, logits, lengths=lengths)
+    ```
     """
     if mask is not None and lengths is not None:
         raise ValueError(
