@@ -11,8 +11,9 @@ python -m ruff check .
 status=0
 # The wheel, installed in fresh venvs by a Colab notebook's own install cell,
 # at the pinned and at the lowest Keras/TensorFlow setup.cfg allows
-# (scripts/check_wheel.sh, ~6 min, mostly pip downloads and unpacking): it runs
-# in the background while pytest runs; its log is printed at the end.
+# (scripts/check_wheel.sh; 652 s on a heavily loaded 2-core machine, about
+# half of it pip installs, see docs/results/check_wheel.txt): it runs in the
+# background while pytest runs; its log is printed at the end.
 wheel_log=$(mktemp)
 bash scripts/check_wheel.sh > "$wheel_log" 2>&1 &
 wheel_pid=$!
