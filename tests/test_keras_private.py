@@ -15,12 +15,18 @@ import maskedrnn._keras_private as keras_private
 
 PACKAGE = pathlib.Path(keras_private.__file__).resolve().parent
 PRIVATE = PACKAGE / "_keras_private.py"
-# Modules owned by other work streams of issue 13, still importing keras.src
-# directly until their owners switch them to maskedrnn._keras_private.
-NOT_YET_SWITCHED = (
-    "bench.py",
-    "convert_model.py",
-    "layers/masked_bidirectional.py",
+# Modules already switched to maskedrnn._keras_private. The layer, convert and
+# bench modules belong to other work streams of issue 13 (which may also move
+# or split them) and switch there; until then the whole-package test below is
+# a non-strict xfail.
+SWITCHED = (
+    "__init__.py",
+    "__main__.py",
+    "datasets.py",
+    "demo.py",
+    "export.py",
+    "losses.py",
+    "metrics.py",
 )
 
 
@@ -74,10 +80,8 @@ def test_finder_sees_every_import_form(tmp_path):
 
 
 def test_switched_modules_import_no_keras_src_directly():
-    switched = [
-        p for p in _modules() if str(p.relative_to(PACKAGE)) not in NOT_YET_SWITCHED
-    ]
-    assert "losses.py" in {p.name for p in switched}
+    switched = [PACKAGE / name for name in SWITCHED]
+    assert all(p.is_file() for p in switched)
     assert _offenders(switched) == {}, (
         "import private Keras APIs from maskedrnn._keras_private (add them "
         "there, one per line with the reason)"
@@ -94,21 +98,29 @@ def test_no_module_but_keras_private_imports_keras_src():
 
 
 def test_each_private_import_has_its_reason_and_order():
-    tree = ast.parse(PRIVATE.read_text(encoding="utf-8"))
-    lines = PRIVATE.read_text(encoding="utf-8").splitlines()
-    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    text = PRIVATE.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    imports = [
+        n for n in ast.parse(text).body if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
     assert imports, "maskedrnn._keras_private imports nothing"
+    import_lines = {n.lineno for n in imports}
     keys = []
     for node in imports:
-        assert isinstance(node, ast.ImportFrom) and len(node.names) == 1, (
-            f"line {node.lineno}: one `from keras.src... import name` per line"
-        )
-        assert node.module.startswith("keras.src"), node.module
-        assert lines[node.lineno - 2].lstrip().startswith("#"), (
+        assert len(node.names) == 1, f"line {node.lineno}: one import per line"
+        alias = node.names[0]
+        module = node.module if isinstance(node, ast.ImportFrom) else alias.name
+        assert module.startswith("keras.src"), f"line {node.lineno}: {module}"
+        # The reason: the comment above it (or above its group of imports).
+        above = node.lineno - 1
+        while above in import_lines:
+            above -= 1
+        assert above >= 1 and lines[above - 1].lstrip().startswith("#"), (
             f"line {node.lineno}: say why this private API is needed in a "
             "comment on the line before"
         )
-        keys.append((node.module, node.names[0].name))
+        keys.append((module, alias.name))
         # The name really exists in the installed Keras.
-        assert hasattr(keras_private, node.names[0].asname or node.names[0].name)
+        name = alias.asname or alias.name.split(".")[0]
+        assert hasattr(keras_private, name), name
     assert keys == sorted(keys), "keep the imports sorted by module, then name"
