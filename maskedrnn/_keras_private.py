@@ -1,15 +1,22 @@
-"""Every private `keras.src` import of maskedrnn's layer code, with its reason.
+"""Every private Keras API (`keras.src.*`) maskedrnn uses, in one place.
 
-Keras 3 has no public API for these. Importing them here, one per line,
-means a Keras upgrade that moves one breaks in this one place.
+Keras 3 has no public accessor for these; when a Keras upgrade moves one of
+them, the import error points here and nowhere else. One import per line,
+alphabetical by module, each with the reason maskedrnn needs it. No other
+module of maskedrnn imports `keras.src` (`tests/test_keras_private.py` checks
+this).
 """
 
-# The Keras mask attached to a tensor (public Keras only reads it inside call).
+# Reads the mask a layer attached to a tensor: Keras 3 has no public accessor.
 from keras.src.backend import get_keras_mask  # noqa: F401
 
 # The ConvLSTM1D/2D/3D base class, refused by the wrappers (no public base).
 from keras.src.layers.rnn.conv_lstm import ConvLSTM  # noqa: F401
 
-# The reduction keras.losses.Loss.__call__ applies (sample weights, every
-# `reduction`, tf.distribute scaling), reused so losses match Keras exactly.
+# The reduction `keras.losses.Loss.__call__` applies (sample weights, mask
+# weights, every `reduction`, `tf.distribute` scaling), reused so that
+# `MaskedLoss` values match Keras exactly.
 from keras.src.losses.loss import reduce_weighted_values  # noqa: F401
+
+# How Keras turns a loss function into a `Loss` (as `model.compile` does).
+from keras.src.losses.losses import LossFunctionWrapper  # noqa: F401

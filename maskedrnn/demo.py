@@ -37,9 +37,21 @@ Tasks:
 
 Finally the `masked_bidirectional` model is saved as `.keras`, reloaded, and
 its test predictions are checked to equal the in-memory ones.
+
+`python -m maskedrnn` exits with status 1 (and says why on stderr) when one
+of the promises the README makes does not hold (`check_agreement`): ours
+and Keras' masked model agree to `AGREEMENT_ATOL`, extra padding leaves both
+masked models' predictions unchanged, and the reloaded model predicts what
+the saved one did.
+
+On the torch backend the demo runs PyTorch with one CPU thread unless told
+otherwise (`threads`, `--threads` or `OMP_NUM_THREADS`): its models are too
+small to gain from more, and on a busy machine a full thread pool makes them
+many times slower (see `maskedrnn._torch_threads`). It prints the count.
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -48,6 +60,7 @@ import time
 import keras
 import numpy as np
 
+from maskedrnn._torch_threads import resolve_threads, torch_cpu_threads
 from maskedrnn.datasets import (
     load_japanese_vowels,
     make_distance_to_end_task,
@@ -57,7 +70,16 @@ from maskedrnn.layers import MaskedBidirectional
 from maskedrnn.losses import MaskedLoss
 from maskedrnn.metrics import MaskedAccuracy
 
-__all__ = ["MODEL_NAMES", "TASKS", "format_results", "main", "run_demo"]
+__all__ = [
+    "AGREEMENT_ATOL",
+    "MODEL_NAMES",
+    "TASKS",
+    "check_agreement",
+    "format_results",
+    "summarize",
+    "main",
+    "run_demo",
+]
 
 TASKS = ("vowels", "distance")
 MODEL_NAMES = ("masked_bidirectional", "keras_masked", "naive")
@@ -83,6 +105,16 @@ _DISTANCE_CLASSES = 8
 _DISTANCE_EMBED = 16
 # Saved-and-reloaded predictions must match the in-memory ones this closely.
 _RELOAD_ATOL = 1e-6
+# Largest difference of a predicted probability between ours and Keras' masked
+# model (and, for each masked model, between the test set with and without
+# extra padding) that `check_agreement` accepts. They compute the same
+# function; what differs is float32 rounding, compounded over training:
+# 4.2e-7 to 6.9e-7 after the default 40-epoch vowels runs and 8.3e-7 after the
+# default distance run (docs/results/demo_*.json), <1e-7 after quick runs.
+# 1e-5 leaves a 12x margin and still catches any real divergence (the
+# unmasked model differs by >1e-3; our outputs scaled by 1.01, by 1.8e-4
+# after one quick epoch on torch).
+AGREEMENT_ATOL = 1e-5
 # The padding-invariance check re-pads the test set with this many times its
 # padded length of extra padding.
 _EXTRA_PADDING_FACTOR = 2
@@ -281,7 +313,9 @@ def _check_int(name, value, low):
         raise ValueError(f"{name} must be >= {low}; got {value}.")
 
 
-def _settings(task, epochs, batch_size, padding, seed, units, quick, save_path):
+def _settings(
+    task, epochs, batch_size, padding, seed, units, quick, save_path, threads=None
+):
     """Checks `run_demo`'s arguments; returns the resolved hyper-parameters."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}; got {task!r}.")
@@ -305,6 +339,9 @@ def _settings(task, epochs, batch_size, padding, seed, units, quick, save_path):
                 f"save_path (--save) must end with '.keras'; got {save_path!r}."
             )
     settings["save_path"] = save_path
+    if threads is not None:
+        _check_int("threads", threads, 1)
+    settings["threads"], settings["threads_source"] = resolve_threads(threads)
     return settings
 
 
@@ -318,6 +355,7 @@ def run_demo(
     quick=False,
     save_path=None,
     verbose=1,
+    threads=None,
 ):
     """Trains the three models of the demo and compares them.
 
@@ -361,13 +399,17 @@ def run_demo(
             deleted afterwards.
         verbose: `0` prints nothing, `1` (default) prints the settings, a
             progress bar per model and the final table.
+        threads: Int >= 1 or `None`: PyTorch's CPU thread count while the
+            demo runs (torch backend only; restored afterwards). `None`
+            (default) uses `OMP_NUM_THREADS` if set, else 1.
 
     Returns:
         A dict with keys:
         - `"task"`, `"backend"`, `"padding"`, `"seed"`, `"epochs"`,
           `"batch_size"`, `"units"`, `"quick"`: the settings used, and
           `"extra_padding"`: the number of padding steps added for the
-          padding-invariance check.
+          padding-invariance check, and `"torch_threads"`: PyTorch's CPU
+          thread count (`None` on other backends).
         - `"models"`: for each name in `MODEL_NAMES`, a dict with
           `"accuracy"` (test accuracy), `"extra_padding_accuracy"` (the same
           with the extra padding), `"extra_padding_max_abs_diff"` (max
@@ -392,8 +434,16 @@ def run_demo(
         ValueError: for an invalid argument; the message names it.
     """
     settings = _settings(
-        task, epochs, batch_size, padding, seed, units, quick, save_path
+        task, epochs, batch_size, padding, seed, units, quick, save_path, threads
     )
+    with torch_cpu_threads(settings["threads"]) as torch_threads:
+        results = _run(task, padding, seed, quick, settings, verbose, torch_threads)
+    if verbose:
+        print(format_results(results))
+    return results
+
+
+def _run(task, padding, seed, quick, settings, verbose, torch_threads):
     epochs = settings["epochs"]
     batch_size = settings["batch_size"]
     units = settings["units"]
@@ -411,6 +461,11 @@ def run_demo(
             f"epochs={epochs} batch_size={batch_size} units={units} seed={seed}"
             f"\n  train {data['x_train'].shape}, test {data['x_test'].shape}"
         )
+        if torch_threads is not None:
+            print(
+                f"  torch CPU threads: {torch_threads} "
+                f"({settings['threads_source']}; --threads N to change)"
+            )
 
     keras.utils.set_random_seed(seed)
     models = {kind: _build_model(task, kind, data, units) for kind in MODEL_NAMES}
@@ -493,9 +548,8 @@ def run_demo(
             "naive_vs_keras_masked": prob_diff("naive", "keras_masked"),
         },
         "reload": reload_info,
+        "torch_threads": torch_threads,
     }
-    if verbose:
-        print(format_results(results))
     return results
 
 
@@ -517,6 +571,87 @@ def _save_and_reload(model, logits, x_test, batch_size, save_path):
         return check(save_path)
     with tempfile.TemporaryDirectory() as tmp:
         return check(os.path.join(tmp, "masked_bidirectional.keras"))
+
+
+def check_agreement(results, atol=AGREEMENT_ATOL):
+    """What the README promises about a demo run, checked.
+
+    1. `MaskedBidirectional` and Keras' masked `Bidirectional` predict the
+       same probabilities, to `atol` (over valid tokens for `"distance"`).
+    2. Re-padding the test set with extra padding changes neither masked
+       model's probabilities by more than `atol`.
+    3. The saved-and-reloaded model predicts what the in-memory one did
+       (to 1e-6 in logits).
+
+    Example:
+
+    >>> results = {
+    ...     "max_abs_diff": {"ours_vs_keras_masked": 3e-7},
+    ...     "models": {
+    ...         "masked_bidirectional": {"extra_padding_max_abs_diff": 0.0},
+    ...         "keras_masked": {"extra_padding_max_abs_diff": 2e-3},
+    ...     },
+    ...     "reload": {"ok": True, "max_abs_diff": 0.0},
+    ... }
+    >>> problems = check_agreement(results)
+    >>> len(problems)
+    1
+    >>> print(problems[0][:60])
+    keras Bidirectional + mask changed its predictions by up to
+
+    Args:
+        results: The dict returned by `run_demo`.
+        atol: Float, the largest accepted difference of a predicted
+            probability. Defaults to `AGREEMENT_ATOL` (1e-5).
+
+    Returns:
+        A list of messages, one per broken promise; empty when all hold.
+    """
+    problems = []
+    diff = results["max_abs_diff"]["ours_vs_keras_masked"]
+    if not diff <= atol:  # also catches NaN
+        problems.append(
+            "MaskedBidirectional and Keras' masked Bidirectional disagree: "
+            f"their predicted probabilities differ by up to {diff:.1e}, more "
+            f"than the {atol:.1e} float rounding explains."
+        )
+    for kind in ("masked_bidirectional", "keras_masked"):
+        shift = results["models"][kind]["extra_padding_max_abs_diff"]
+        if not shift <= atol:
+            problems.append(
+                f"{_MODEL_LABELS[kind]} changed its predictions by up to "
+                f"{shift:.1e} when the test set got more padding; a masked "
+                f"model must not change them by more than {atol:.1e}."
+            )
+    reload = results["reload"]
+    if not reload["ok"]:
+        problems.append(
+            "the reloaded model's predictions differ from the in-memory ones "
+            f"by up to {reload['max_abs_diff']:.1e} (logits; at most "
+            f"{_RELOAD_ATOL:.0e} expected)."
+        )
+    return problems
+
+
+def summarize(results):
+    """The JSON-ready part of `run_demo`'s results (no arrays).
+
+    Args:
+        results: The dict returned by `run_demo`.
+
+    Returns:
+        A dict: the settings, per model every number of `results["models"]`
+        (not the logits), `"max_abs_diff"`, `"reload"`, `"torch_threads"`,
+        and `"problems"`: the list `check_agreement` returns.
+    """
+    skip = ("models", "x_test", "y_test", "valid_test")
+    summary = {k: v for k, v in results.items() if k not in skip}
+    summary["models"] = {
+        kind: {k: v for k, v in m.items() if k != "logits"}
+        for kind, m in results["models"].items()
+    }
+    summary["problems"] = check_agreement(results)
+    return summary
 
 
 def format_results(results):
@@ -559,7 +694,12 @@ def format_results(results):
         + ")",
         f"'+pad': test set re-padded with {results['extra_padding']} more "
         "padding steps; 'max dp': largest change of a predicted probability.",
-        f"backend: {results['backend']}, padding: {results['padding']}",
+        f"backend: {results['backend']}, padding: {results['padding']}"
+        + (
+            f", torch CPU threads: {results['torch_threads']}"
+            if results.get("torch_threads") is not None
+            else ""
+        ),
     ]
     return "\n".join(lines)
 
@@ -605,6 +745,19 @@ def _parser():
         "--quick", action="store_true", help="tiny run for tests and CI"
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="torch backend: PyTorch CPU threads (default: OMP_NUM_THREADS if "
+        "set, else 1, best for these small models)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the numbers of the run (settings, accuracies, "
+        "timings, differences, checks) to PATH as JSON",
+    )
+    parser.add_argument(
         "--save",
         metavar="PATH",
         help="save the MaskedBidirectional model to PATH (.keras); default: a "
@@ -621,8 +774,9 @@ def main(argv=None):
             `sys.argv[1:]`. Run with `--help` for the options.
 
     Returns:
-        Exit status: `0` when the reloaded model reproduces the in-memory
-        predictions, `1` otherwise. Invalid options exit with status 2.
+        Exit status: `0` when every promise of `check_agreement` holds, `1`
+        otherwise (each broken one is printed to stderr). Invalid options
+        exit with status 2.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -635,15 +789,26 @@ def main(argv=None):
         "units": args.units,
         "quick": args.quick,
         "save_path": args.save,
+        "threads": args.threads,
     }
     try:
         _settings(**kwargs)
     except ValueError as error:
         parser.error(str(error))
     results = run_demo(**kwargs)
-    if not results["reload"]["ok"]:
+    problems = check_agreement(results)
+    if args.json:
+        summary = dict(summarize(results), command=["python", "-m", "maskedrnn"])
+        summary["command"] += list(sys.argv[1:] if argv is None else argv)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
         print(
-            "error: the reloaded model's predictions differ from the in-memory ones.",
+            f"error: {len(problems)} check(s) of the demo failed (see above); "
+            "exit status 1.",
             file=sys.stderr,
         )
         return 1

@@ -26,7 +26,7 @@ def _check_batch_size(batch_size):
     ):
         raise ValueError(
             "batch_size must be a positive int (the fixed number of rows the "
-            f"exported model takes). Received: batch_size={batch_size!r}"
+            f"exported model takes); got batch_size={batch_size!r}."
         )
     return int(batch_size)
 
@@ -61,7 +61,7 @@ def static_batch_signature(model, batch_size):
     """
     batch_size = _check_batch_size(batch_size)
     if not isinstance(model, keras.Model):
-        raise ValueError(f"model must be a keras.Model. Received: model={model!r}")
+        raise ValueError(f"model must be a keras.Model; got model={model!r}.")
     if not model.built:
         raise ValueError("model is not built: call it once or build it before export.")
 
@@ -144,7 +144,7 @@ def export_litert(
     filepath = str(filepath)
     if not filepath.endswith(".tflite"):
         raise ValueError(
-            f"filepath must end with '.tflite'. Received: filepath={filepath!r}"
+            f"filepath must end with '.tflite'; got filepath={filepath!r}."
         )
     if "target_spec" in converter_kwargs:
         raise ValueError(
@@ -155,8 +155,8 @@ def export_litert(
     if (batch_size is None) == (input_signature is None):
         raise ValueError(
             "Pass exactly one of batch_size (e.g. batch_size=8) and "
-            "input_signature. Received: "
-            f"batch_size={batch_size!r}, input_signature={input_signature!r}"
+            "input_signature; got "
+            f"batch_size={batch_size!r}, input_signature={input_signature!r}."
         )
     if input_signature is None:
         input_signature = static_batch_signature(model, batch_size)
@@ -167,7 +167,7 @@ def export_litert(
                 raise ValueError(
                     "Every spec of input_signature needs a fixed (int) batch "
                     "size: LiteRT built-in ops cannot hold a dynamic batch "
-                    f"for Keras' RNN loop. Received a spec {spec!r}; use "
+                    f"for Keras' RNN loop; got a spec {spec!r}. Use "
                     "static_batch_signature(model, batch_size)."
                 )
 
@@ -212,7 +212,7 @@ def pad_batch_rows(arrays, batch_size):
     if not isinstance(arrays, (list, tuple)) or not arrays:
         raise ValueError(
             "arrays must be a non-empty list of arrays, e.g. [ids] or "
-            f"[features, lengths]. Received: arrays={arrays!r}"
+            f"[features, lengths]; got arrays={arrays!r}."
         )
     arrays = [np.asarray(a) for a in arrays]
     rows = {a.shape[0] if a.ndim else None for a in arrays}

@@ -25,15 +25,11 @@ sees a `-1` label (an error on TensorFlow and PyTorch, a NaN on GPUs).
 import keras
 from keras import ops
 
-# Private Keras APIs, gathered here. `reduce_weighted_values`
-# is the reduction `keras.losses.Loss.__call__` applies (sample weights, mask
-# weights, every `reduction`, `tf.distribute` scaling), reused so that the
-# values match Keras exactly; `LossFunctionWrapper` is how Keras turns a loss
-# function into a `Loss` (as `model.compile` does).
-from keras.src.losses.loss import reduce_weighted_values
-from keras.src.losses.losses import LossFunctionWrapper
-
-from maskedrnn._keras_private import get_keras_mask
+from maskedrnn._keras_private import (
+    LossFunctionWrapper,
+    get_keras_mask,
+    reduce_weighted_values,
+)
 from maskedrnn.masking import (
     as_bool,
     check_pad_value,
@@ -56,7 +52,7 @@ def _resolve_loss(loss):
         return loss
     if isinstance(loss, type):
         raise TypeError(
-            f"`loss` must be a loss instance, function or name; received the "
+            f"`loss` must be a loss instance, function or name; got the "
             f"class {loss.__name__}. Instantiate it, e.g. `{loss.__name__}()`."
         )
     if isinstance(loss, (str, dict)):
@@ -67,7 +63,7 @@ def _resolve_loss(loss):
         raise TypeError(
             "`loss` must be a keras.losses.Loss instance, a loss function "
             "fn(y_true, y_pred) or the name of a Keras loss (e.g. "
-            f"'sparse_categorical_crossentropy'); received loss={loss!r}."
+            f"'sparse_categorical_crossentropy'); got loss={loss!r}."
         )
     if isinstance(fn, keras.losses.Loss):
         return fn
@@ -254,10 +250,21 @@ def masked_loss(
 
     Example:
 
-    >>> logits = model(x)  # (batch, time, classes), no Keras mask
-    >>> loss = masked_loss(
-    ...     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    ...     y_true, logits, lengths=lengths)
+    >>> y_true = np.zeros((2, 3, 1))
+    >>> y_pred = np.array([[[1.0], [2.0], [9.0]], [[3.0], [9.0], [9.0]]])
+    >>> lengths = np.array([2, 1])  # the 9s are padding
+    >>> loss = masked_loss("mean_squared_error", y_true, y_pred, lengths=lengths)
+    >>> round(float(loss), 4)  # (1 + 4 + 9) / 3 valid steps
+    4.6667
+
+    In a custom training loop, on a model without Keras masks:
+
+    ```python
+    logits = model(x)  # (batch, time, classes)
+    loss = masked_loss(
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        y_true, logits, lengths=lengths)
+    ```
     """
     if mask is not None and lengths is not None:
         raise ValueError(
@@ -268,7 +275,7 @@ def masked_loss(
         y_pred_shape = ops.shape(y_pred)
         if len(y_pred_shape) < 2:
             raise ValueError(
-                "`lengths` needs y_pred of shape (batch, time, ...); received "
+                "`lengths` needs y_pred of shape (batch, time, ...); got "
                 f"y_pred of shape {tuple(y_pred_shape)}."
             )
         mask = sequence_mask(lengths, maxlen=y_pred_shape[1])

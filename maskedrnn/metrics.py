@@ -131,7 +131,7 @@ class MaskedAccuracy(_MaskedStepMean):
         ):
             raise ValueError(
                 "MaskedAccuracy takes integer labels of shape (batch, time) or "
-                f"(batch, time, 1); received y_true of shape {tuple(y_true.shape)}"
+                f"(batch, time, 1); got y_true of shape {tuple(y_true.shape)}"
                 f" for y_pred of shape {tuple(y_pred.shape)}. For one-hot labels "
                 "pass ops.argmax(y_true, axis=-1)."
             )

@@ -16,11 +16,15 @@ and a JAX-backend SavedModel export needs a fixed time length until
 The exports run on the TensorFlow backend only (Keras exports through
 TensorFlow; the JAX export is checked from the TensorFlow run, in a
 subprocess); the helpers' own checks run on every backend. Needs `ai-edge-litert`,
-`onnxruntime` and `tf2onnx` (CI installs them); a missing one skips its test
-with the reason.
+`onnxruntime` and `tf2onnx` (the `ci` and `export` extras install them): a
+missing one skips its test with the reason, except under CI (environment
+variable `CI` set to `true` or `1`, as `.ci/run` does), where docs/export.md
+promises these runtimes are checked, so a missing one fails.
 """
 
+import importlib
 import json
+import os
 import pathlib
 import sys
 
@@ -35,6 +39,26 @@ from tests.test_deploy import build_model, make_batch, predict
 BACKEND = keras.backend.backend()
 ATOL = 1e-4
 INPUTS = ("ids", "feats", "lengths")
+
+def under_ci():
+    """True when the `CI` environment variable says this is a CI run."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def require(module):
+    """Imports `module`; outside CI a missing one skips the test, under CI
+    it fails it (the runtimes docs/export.md lists must be checked there)."""
+    if not under_ci():
+        return pytest.importorskip(module)
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        pytest.fail(
+            f"{module} is not installed, and CI must check the export runtimes "
+            f"docs/export.md lists; install them with pip install -e '.[ci]' "
+            f"(got ImportError: {error})."
+        )
+
 
 tf_only = pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -117,7 +141,7 @@ def test_saved_model_matches_keras(saved_model_dir, batches):
 @tf_only
 @pytest.mark.slow
 def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
-    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
+    interpreter = require("ai_edge_litert.interpreter")
     path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
     lite = interpreter.Interpreter(model_path=path)
     details = {d["name"]: d for d in lite.get_input_details()}
@@ -146,7 +170,7 @@ def test_litert_dynamic_batch_needs_the_flex_delegate(saved_model_dir, batches):
     `(batch, units)` steps) does not lower to TFLite built-in ops; allowing
     TensorFlow ops converts, but the LiteRT interpreter has no Flex delegate
     to run them. Hence `export_litert`'s fixed batch."""
-    interpreter = pytest.importorskip("ai_edge_litert.interpreter")
+    interpreter = require("ai_edge_litert.interpreter")
     import tensorflow as tf
 
     def convert(ops):
@@ -215,8 +239,8 @@ def test_static_batch_signature_and_pad_batch_rows(model):
 @tf_only
 @pytest.mark.slow
 def test_onnx_matches_keras(model, batches, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("tf2onnx")
+    ort = require("onnxruntime")
+    require("tf2onnx")
     path = tmp_path / "m.onnx"
     model.export(path, format="onnx", verbose=False)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -305,3 +329,14 @@ def test_jax_saved_model_with_dynamic_time_matches_keras(model, jax_exports):
 
 if __name__ == "__main__":
     _jax_export_worker(sys.argv[1])
+
+
+def test_missing_runtime_skips_locally_and_fails_under_ci(monkeypatch):
+    missing = "maskedrnn_no_such_runtime"
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        require(missing)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must check"):
+        require(missing)
+    assert require("json") is json

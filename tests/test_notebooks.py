@@ -8,12 +8,18 @@
   `assert`s check results against oracles (Keras' masked `Bidirectional`,
   PyTorch, tf-keras' legacy-weight loader, numpy, a CPU-only process).
 - Committed notebooks carry no outputs (`execution_count` null), open with
-  an "Open in Colab" badge pointing at their own path, and have an install
-  cell that is skipped when maskedrnn is importable.
+  an "Open in Colab" badge pointing at their own path in the repository
+  setup.cfg declares (`url`), and have an install cell that is skipped when
+  maskedrnn is importable and otherwise installs
+  `maskedrnn @ git+<that url>`, or the pip requirement in
+  `MASKEDRNN_PIP_SPEC`. `scripts/check_wheel.sh` (run by `scripts/test.sh`)
+  executes that cell for real: it installs the built wheel in fresh
+  virtual environments and runs a notebook there, outside the source tree.
 
 The executions are marked slow (about a minute in all on a 2-core CPU).
 """
 
+import configparser
 import importlib.util
 import json
 import os
@@ -24,9 +30,16 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "colab").glob("*.ipynb"))
-# Placeholder GitHub owner of the repository (see colab/README in the report).
-COLAB_URL = "https://colab.research.google.com/github/maskedrnn/maskedrnn/blob/main/"
-INSTALL = "%pip install -q git+https://github.com/maskedrnn/maskedrnn"
+_SETUP = configparser.ConfigParser()
+_SETUP.read(ROOT / "setup.cfg")
+REPO_URL = _SETUP["metadata"]["url"]  # https://github.com/<owner>/<name>
+COLAB_URL = (
+    "https://colab.research.google.com/github/"
+    + REPO_URL.removeprefix("https://github.com/")
+    + "/blob/main/"
+)
+DEFAULT_SPEC = f"maskedrnn @ git+{REPO_URL}"
+INSTALL = '%pip install -q "{MASKEDRNN_PIP_SPEC}"'
 
 ids = [path.stem for path in NOTEBOOKS]
 
@@ -78,9 +91,32 @@ def test_colab_badge_and_guarded_install(path):
     try_line = lines.index("try:")
     assert lines[try_line + 1] == "import maskedrnn"
     assert lines[try_line + 2] == "except ImportError:"
-    assert lines[try_line + 3] == INSTALL
+    assert lines[try_line + 3 : try_line + 8] == [
+        "MASKEDRNN_PIP_SPEC = os.environ.get(",
+        f'"MASKEDRNN_PIP_SPEC", "{DEFAULT_SPEC}"',
+        ")",
+        INSTALL,
+        "import maskedrnn",
+    ]
     # The backend is chosen before the install cell imports Keras.
     assert "KERAS_BACKEND" in code[0] and code.index(install[0]) == 1
+
+
+def test_declared_url_is_the_one_docs_link():
+    assert REPO_URL.startswith("https://github.com/")
+    assert f"Source = {REPO_URL}" in (ROOT / "setup.cfg").read_text()
+    assert f"repo_url: {REPO_URL}" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_ci_runs_the_wheel_check():
+    """`.ci/run` -> scripts/test.sh -> scripts/check_wheel.sh, which executes
+    the install cell against the built wheel (see its header)."""
+    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    test_sh = (ROOT / "scripts" / "test.sh").read_text()
+    assert "bash scripts/check_wheel.sh" in test_sh
+    check = (ROOT / "scripts" / "check_wheel.sh").read_text()
+    for needle in ("python -m build", "python -m venv", 'MASKEDRNN_PIP_SPEC="$WHEEL"'):
+        assert needle in check
 
 
 @pytest.mark.slow

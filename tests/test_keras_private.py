@@ -1,0 +1,126 @@
+"""Private Keras APIs are imported in one module only, each with its reason.
+
+`maskedrnn._keras_private` lists every `keras.src.*` name maskedrnn uses, so a
+Keras upgrade that moves one breaks in one place. Oracle: the import
+statements of every module, read with `ast` (no module needs to be imported
+for that, so a broken import elsewhere cannot hide one).
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import maskedrnn._keras_private as keras_private
+
+PACKAGE = pathlib.Path(keras_private.__file__).resolve().parent
+PRIVATE = PACKAGE / "_keras_private.py"
+# Modules already switched to maskedrnn._keras_private. The layer, convert and
+# bench modules belong to other work streams of issue 13 (which may also move
+# or split them) and switch there; until then the whole-package test below is
+# a non-strict xfail.
+SWITCHED = (
+    "__init__.py",
+    "__main__.py",
+    "datasets.py",
+    "demo.py",
+    "export.py",
+    "losses.py",
+    "metrics.py",
+)
+
+
+def _private_imports(path):
+    """(line, module) of every import of `keras.src` in the file at `path`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            modules = [node.module or ""]
+            if node.module == "keras":
+                modules += [f"keras.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for module in modules:
+            if module == "keras.src" or module.startswith("keras.src."):
+                found.append((node.lineno, module))
+    return found
+
+
+def _modules():
+    return sorted(p for p in PACKAGE.rglob("*.py") if p != PRIVATE)
+
+
+def _offenders(paths):
+    return {
+        str(p.relative_to(PACKAGE)): _private_imports(p)
+        for p in paths
+        if _private_imports(p)
+    }
+
+
+def test_finder_sees_every_import_form(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "import keras\n"
+        "import keras.src.backend as b\n"
+        "from keras.src.losses import loss\n"
+        "from keras import src\n"
+        "from keras import ops\n"
+        "def f():\n"
+        "    from keras.src import backend\n"
+    )
+    assert _private_imports(path) == [
+        (2, "keras.src.backend"),
+        (3, "keras.src.losses"),
+        (4, "keras.src"),
+        (7, "keras.src"),
+    ]
+
+
+def test_switched_modules_import_no_keras_src_directly():
+    switched = [PACKAGE / name for name in SWITCHED]
+    assert all(p.is_file() for p in switched)
+    assert _offenders(switched) == {}, (
+        "import private Keras APIs from maskedrnn._keras_private (add them "
+        "there, one per line with the reason)"
+    )
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="the layer, convert_model and bench modules belong to other work "
+    "streams of issue 13 and switch to maskedrnn._keras_private there",
+)
+def test_no_module_but_keras_private_imports_keras_src():
+    assert _offenders(_modules()) == {}
+
+
+def test_each_private_import_has_its_reason_and_order():
+    text = PRIVATE.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    imports = [
+        n for n in ast.parse(text).body if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+    assert imports, "maskedrnn._keras_private imports nothing"
+    import_lines = {n.lineno for n in imports}
+    keys = []
+    for node in imports:
+        assert len(node.names) == 1, f"line {node.lineno}: one import per line"
+        alias = node.names[0]
+        module = node.module if isinstance(node, ast.ImportFrom) else alias.name
+        assert module.startswith("keras.src"), f"line {node.lineno}: {module}"
+        # The reason: the comment above it (or above its group of imports).
+        above = node.lineno - 1
+        while above in import_lines:
+            above -= 1
+        assert above >= 1 and lines[above - 1].lstrip().startswith("#"), (
+            f"line {node.lineno}: say why this private API is needed in a "
+            "comment on the line before"
+        )
+        keys.append((module, alias.name))
+        # The name really exists in the installed Keras.
+        name = alias.asname or alias.name.split(".")[0]
+        assert hasattr(keras_private, name), name
+    assert keys == sorted(keys), "keep the imports sorted by module, then name"
