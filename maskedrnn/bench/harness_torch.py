@@ -18,9 +18,13 @@ def set_threads(threads):
     return f"{threads} intra-op thread(s) (torch.set_num_threads)"
 
 
-# PyTorch's CPU performance guide: for small models, few intra-op threads
-# per process; a pool as wide as the machine spins against other load.
-AUTO_THREADS = 1
+def auto_threads():
+    """The CPU thread count when `--threads` is not given: the demo's rule
+    (`maskedrnn._torch_threads`): `OMP_NUM_THREADS` if set, else 1 for
+    small models. Returns `(count, source)`."""
+    from maskedrnn._torch_threads import resolve_threads
+
+    return resolve_threads(None)
 
 
 def default_threads_note(gpu=False):
@@ -29,8 +33,9 @@ def default_threads_note(gpu=False):
             "PyTorch's own intra-op thread pool: on CUDA the host only "
             "launches kernels (--threads N to set it)"
         )
+    count, source = auto_threads()
     return (
-        f"{AUTO_THREADS} intra-op thread, chosen by the bench on CPU "
+        f"{count} intra-op thread(s) ({source}), chosen by the bench on CPU "
         "(torch.set_num_threads): PyTorch's advice for small models; a pool "
         "as wide as the machine spins against other load (--threads N to "
         "change)"

@@ -157,7 +157,7 @@ def run(args):
         if threads is None:
             threads_note = module.default_threads_note(gpu)
             if backend == "torch" and not gpu:
-                threads = module.AUTO_THREADS
+                threads, _ = module.auto_threads()
                 module.set_threads(threads)
         results = _checked_run(args, backend, module, gpu)
     finally:
