@@ -1,0 +1,348 @@
+"""The one-line upgrade: swap `keras.layers.Bidirectional` for `MaskedBidirectional`.
+
+`convert_model(model)` returns a new Sequential or Functional model in which
+every `keras.layers.Bidirectional` around a Keras RNN layer is a
+`maskedrnn.MaskedBidirectional` with the same configuration, name and
+weights; every other layer is a copy of the original (same config and
+weights). Given the same inputs (and so the same Keras masks) the new model
+computes what the old one computes, but its inner RNNs run without a mask,
+so Keras can use its fused cuDNN kernels on GPU.
+
+`bidirectional_to_masked(layer)` does the same for a single layer.
+"""
+
+import inspect
+import warnings
+
+import keras
+
+# Private Keras APIs, gathered here. `Functional` is the class of models made
+# with `keras.Model(inputs, outputs)` (Keras has no public name for it);
+# `Layer._flatten_layers` lists a layer's sublayers (used to find a
+# `Bidirectional` hidden inside a layer that is copied as a whole).
+from keras.src.models.functional import Functional
+
+from maskedrnn.layers import MaskedBidirectional
+
+__all__ = ["bidirectional_to_masked", "convert_model"]
+
+_CALL_SIGNATURE = inspect.signature(keras.layers.Bidirectional.call)
+
+_SUBCLASSED_HOWTO = (
+    "Swap the layer by hand: in the model's __init__, replace e.g. "
+    "`self.rnn = keras.layers.Bidirectional(keras.layers.LSTM(64))` by "
+    "`self.rnn = maskedrnn.MaskedBidirectional(keras.layers.LSTM(64))` (same "
+    "arguments; call it with the same `mask`), create and build the new model "
+    "(call it once on a batch), then copy the weights with "
+    "`new_model.set_weights(old_model.get_weights())`: MaskedBidirectional "
+    "holds the same weights as Bidirectional, in the same order. For one "
+    "built layer, `maskedrnn.bidirectional_to_masked(layer)` returns the "
+    "MaskedBidirectional with its weights."
+)
+
+
+def _unconvertible_reason(layer):
+    """Why `layer` (a `Bidirectional`) cannot become a `MaskedBidirectional`.
+
+    Returns `None` when it can.
+    """
+    if type(layer) is not keras.layers.Bidirectional:
+        return (
+            f"it is a subclass of Bidirectional ({type(layer).__name__}), "
+            "whose own behaviour MaskedBidirectional would not keep"
+        )
+    for inner in (layer.forward_layer, layer.backward_layer):
+        if not isinstance(inner, keras.layers.RNN):
+            return (
+                f"it wraps {type(inner).__name__} '{inner.name}', which is not "
+                "a keras.layers.RNN (MaskedBidirectional wraps RNN layers only)"
+            )
+    if layer.stateful:
+        return (
+            "its RNN is stateful=True; MaskedBidirectional does not carry "
+            "states across batches"
+        )
+    if layer.forward_layer.go_backwards:
+        return (
+            "its wrapped layer has go_backwards=True, so its 'forward' "
+            "direction reads backwards; MaskedBidirectional needs a forward "
+            "layer with go_backwards=False"
+        )
+    return None
+
+
+def _copy_use_cudnn(source, target):
+    """Copies `use_cudnn`, which RNN configs do not hold, onto a copy."""
+    for attr in (None, "forward_layer", "backward_layer"):
+        src = source if attr is None else getattr(source, attr, None)
+        dst = target if attr is None else getattr(target, attr, None)
+        if src is not None and dst is not None and hasattr(src, "use_cudnn"):
+            dst.use_cudnn = src.use_cudnn
+
+
+def _masked_from_bidirectional(layer):
+    """An unbuilt `MaskedBidirectional` with `layer`'s configuration."""
+    base = layer.get_config()
+    for key in ("layer", "backward_layer", "merge_mode"):
+        base.pop(key, None)
+    # The inner layers are passed as objects: MaskedBidirectional copies their
+    # configs and their `use_cudnn` (as Bidirectional does).
+    return MaskedBidirectional(
+        layer.forward_layer,
+        merge_mode=layer.merge_mode,
+        backward_layer=layer.backward_layer,
+        **base,
+    )
+
+
+def _plain_copy(layer):
+    """A copy of `layer` from its config, as `keras.models.clone_model` makes."""
+    new = layer.__class__.from_config(layer.get_config())
+    _copy_use_cudnn(layer, new)
+    return new
+
+
+def _sequences_shape(layer):
+    """The input shape a built `Bidirectional` was built with."""
+    config = layer.get_build_config()
+    if config is None:
+        return None
+    if "input_shape" in config:
+        return config["input_shape"]
+    return config["shapes_dict"].get("sequences_shape")
+
+
+def bidirectional_to_masked(layer):
+    """Returns a `MaskedBidirectional` equivalent to a `Bidirectional` layer.
+
+    The new layer has the configuration (inner RNN layers, `merge_mode`,
+    `name`, `dtype`, `trainable`, the inner layers' `use_cudnn`) of `layer`.
+    If `layer` is built, the new layer is built for the same input shape and
+    holds a copy of its weights (not shared: training one does not change
+    the other); otherwise it is unbuilt. Called with the same inputs and mask
+    it returns the same outputs and states as `layer`.
+
+    Args:
+        layer: A `keras.layers.Bidirectional` instance wrapping a
+            `keras.layers.RNN` layer (`LSTM`, `GRU`, `SimpleRNN`, `RNN(cell)`)
+            that is not stateful and whose wrapped layer has
+            `go_backwards=False`.
+
+    Returns:
+        A `maskedrnn.MaskedBidirectional` instance.
+
+    Raises:
+        TypeError: If `layer` is not a `keras.layers.Bidirectional`.
+        ValueError: If `layer` cannot be expressed as a `MaskedBidirectional`
+            (see `Args`); the message says why.
+
+    Example:
+
+    ```python
+    bidi = keras.layers.Bidirectional(keras.layers.LSTM(8, return_sequences=True))
+    bidi.build((None, None, 3))
+    masked = maskedrnn.bidirectional_to_masked(bidi)  # same weights, built
+    ```
+    """
+    if not isinstance(layer, keras.layers.Bidirectional):
+        raise TypeError(
+            "`layer` must be a keras.layers.Bidirectional instance; received "
+            f"layer={layer!r}. For a whole model use `convert_model(model)`."
+        )
+    reason = _unconvertible_reason(layer)
+    if reason is not None:
+        raise ValueError(
+            f"Bidirectional layer '{layer.name}' cannot become a "
+            f"MaskedBidirectional: {reason}. Keep keras.layers.Bidirectional "
+            "for it."
+        )
+    masked = _masked_from_bidirectional(layer)
+    if layer.built:
+        shape = _sequences_shape(layer)
+        if shape is None:
+            raise ValueError(
+                f"Bidirectional layer '{layer.name}' is marked built but does "
+                "not record the input shape it was built for, so its weights "
+                "cannot be copied; build it with `layer.build(input_shape)` or "
+                "call it once on a batch."
+            )
+        masked.build(shape)
+        masked.set_weights(layer.get_weights())
+    return masked
+
+
+class _Converter:
+    """Rebuilds a Sequential/Functional model, swapping Bidirectional layers.
+
+    One instance converts one top-level model: `clone` is handed to
+    `keras.models.clone_model` for every layer, at every nesting level, so
+    that a layer shared between a nested model and its parent stays shared.
+    """
+
+    def __init__(self):
+        self.copies = {}  # id(original layer) -> its copy
+        self.leaves = []  # (original, copy) pairs whose weights get copied
+        self.converted = set()  # ids of the MaskedBidirectional copies
+        self.left = []  # (layer name, reason) for Bidirectionals kept as is
+
+    def convert(self, model):
+        if isinstance(model, keras.Sequential):
+            new = keras.models.clone_model(model, clone_function=self.clone)
+        else:
+            new = keras.models.clone_model(
+                model, clone_function=self.clone, call_function=self.call
+            )
+        # `clone_model` keeps a Sequential's `trainable` but not a Functional's.
+        # (Only False is copied: setting it also sets every sublayer's flag.)
+        if not model.trainable:
+            new.trainable = False
+        return new
+
+    def clone(self, layer):
+        if id(layer) in self.copies:
+            return self.copies[id(layer)]
+        if isinstance(layer, (keras.Sequential, Functional)):
+            new = self.convert(layer)
+        elif isinstance(layer, keras.layers.Bidirectional):
+            reason = _unconvertible_reason(layer)
+            if reason is None:
+                new = _masked_from_bidirectional(layer)
+                self.converted.add(id(new))
+            else:
+                self.left.append((layer.name, reason))
+                new = _plain_copy(layer)
+            self.leaves.append((layer, new))
+        elif not isinstance(layer, keras.layers.Layer):
+            # An operation of the graph (e.g. `keras.ops.not_equal` applied to
+            # a symbolic tensor): no weights, no sublayers.
+            new = _plain_copy(layer)
+        else:
+            for inner in layer._flatten_layers(include_self=False, recursive=True):
+                if isinstance(inner, keras.layers.Bidirectional):
+                    self.left.append(
+                        (
+                            inner.name,
+                            f"it is inside {type(layer).__name__} "
+                            f"'{layer.name}', which convert_model copies as a "
+                            "whole from its config (only layers of Sequential "
+                            "and Functional models are swapped)",
+                        )
+                    )
+            new = _plain_copy(layer)
+            self.leaves.append((layer, new))
+        self.copies[id(layer)] = new
+        return new
+
+    def call(self, layer, *args, **kwargs):
+        if id(layer) not in self.converted:
+            return layer(*args, **kwargs)
+        # Bidirectional.call(sequences, initial_state, mask, training) and
+        # MaskedBidirectional.call(inputs, mask, lengths, initial_state,
+        # training) differ in their positional order: pass by name.
+        bound = _CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
+        bound.pop("self")
+        sequences = bound.pop("sequences")
+        return layer(sequences, **bound)
+
+    def copy_weights(self):
+        for old, new in self.leaves:
+            if not old.built:
+                continue
+            if not new.built:
+                raise ValueError(
+                    f"Layer '{old.name}' is built but its copy could not be "
+                    "built: the model does not know its input shape. Build the "
+                    "model first (`model.build(input_shape)` or call it once "
+                    "on a batch), then convert it."
+                )
+            new.set_weights(old.get_weights())
+
+
+def convert_model(model, strict=False):
+    """The one-line upgrade: `Bidirectional` RNNs to `MaskedBidirectional`.
+
+    Returns a new model in which every `keras.layers.Bidirectional` around a
+    Keras RNN layer is a `maskedrnn.MaskedBidirectional` with the same
+    configuration (inner layers, `merge_mode`, `return_sequences`,
+    `return_state`), the same name and a copy of its weights. Every other
+    layer is copied from its config and given a copy of its weights, as by
+    `keras.models.clone_model`. Sequential and Functional models nested in
+    the model (used as layers) are converted too. The original model is not
+    changed and shares no weights with the result. If it was compiled, the
+    new model is compiled with the same configuration (a fresh optimizer).
+
+    Fed the same inputs, the new model returns the same predictions as the
+    original (whose `Bidirectional` layers see the Keras masks of
+    `Embedding(mask_zero=True)`, `Masking`, ...): `MaskedBidirectional`
+    gives the same outputs and states for any mask, while its inner RNNs run
+    unmasked (fused cuDNN kernels on GPU).
+
+    A `Bidirectional` that `MaskedBidirectional` cannot express is kept as it
+    is, with a warning naming it: a stateful RNN, a wrapped layer that is not
+    a `keras.layers.RNN`, a wrapped layer with `go_backwards=True`, a
+    subclass of `Bidirectional`, or one inside a layer that is copied as a
+    whole (a custom layer, a subclassed model nested in the model).
+
+    Args:
+        model: A built `keras.Sequential` or Functional `keras.Model`.
+            Subclassed models (subclasses of `keras.Model` with their own
+            `call`) are refused with a `ValueError` that explains how to
+            swap their layers by hand.
+        strict: Boolean. If `True`, a `Bidirectional` that cannot be
+            converted raises a `ValueError` (listing every such layer)
+            instead of a warning. Defaults to `False`.
+
+    Returns:
+        A new model of the same kind (Sequential or Functional).
+
+    Raises:
+        TypeError: If `model` is not a `keras.Model`.
+        ValueError: If `model` is a subclassed model, or with `strict=True`
+            if some `Bidirectional` layer cannot be converted.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(1000, 16, mask_zero=True)(inputs)
+    x = keras.layers.Bidirectional(keras.layers.LSTM(32, return_sequences=True))(x)
+    outputs = keras.layers.Dense(5, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+
+    fast_model = maskedrnn.convert_model(model)  # same predictions, unmasked RNNs
+    ```
+    """
+    if isinstance(model, keras.layers.Bidirectional):
+        raise TypeError(
+            "`model` is a single Bidirectional layer; use "
+            "`bidirectional_to_masked(layer)` for one layer."
+        )
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model (Sequential or Functional); "
+            f"received model={model!r}."
+        )
+    if not isinstance(model, (keras.Sequential, Functional)):
+        raise ValueError(
+            f"convert_model rebuilds Sequential and Functional models only; "
+            f"'{model.name}' is a subclassed model ({type(model).__name__}), "
+            "whose layers are made and called by its own Python code, which "
+            f"convert_model cannot rewrite. {_SUBCLASSED_HOWTO}"
+        )
+    converter = _Converter()
+    new_model = converter.convert(model)
+    if converter.left and strict:
+        listing = "; ".join(f"'{name}': {reason}" for name, reason in converter.left)
+        raise ValueError(
+            "strict=True and some Bidirectional layers cannot become "
+            f"MaskedBidirectional: {listing}. Pass strict=False to keep them "
+            "as keras.layers.Bidirectional."
+        )
+    converter.copy_weights()
+    for name, reason in converter.left:
+        warnings.warn(
+            f"convert_model kept Bidirectional layer '{name}' as "
+            f"keras.layers.Bidirectional: {reason}.",
+            stacklevel=2,
+        )
+    return new_model
