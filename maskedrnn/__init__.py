@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from maskedrnn import convert, datasets, export, ops
+from maskedrnn.convert.checkpoint import load_weights
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.layers import MaskedBidirectional
 from maskedrnn.losses import MaskedLoss, masked_loss
@@ -23,6 +24,7 @@ __all__ = [
     "convert_model",
     "datasets",
     "export",
+    "load_weights",
     "masked_loss",
     "ops",
 ]

@@ -11,6 +11,7 @@ documented equations and parameter layout. The tf-keras tests need
 
 import json
 import sys
+import textwrap
 
 import keras
 import numpy as np
@@ -31,6 +32,7 @@ from tests.convert_helpers import (
     run_keras,
     to_np,
 )
+from tests.helpers import run_python
 
 
 def legacy_keras_v1():
@@ -342,3 +344,40 @@ def test_docstring_examples_run():
 
     results = doctest.testmod(legacy_cudnn, extraglobs={"np": np})
     assert results.failed == 0 and results.attempted > 0
+
+
+def test_h5py_is_needed_only_to_read_h5_files():
+    """`h5py` is imported inside the functions that read `.h5` files, never
+    when maskedrnn is imported. (Keras 3.15 itself imports h5py on `import
+    keras` when it is installed, so `sys.modules` cannot show this; instead
+    h5py is made unimportable in a fresh process.)"""
+    code = textwrap.dedent(
+        """
+        import sys, types
+        sys.modules["h5py"] = None  # `import h5py` now raises ImportError
+        import numpy as np
+        import maskedrnn
+        from maskedrnn import convert
+
+        w = convert.cudnn_lstm_to_lstm([np.ones((3, 8)), np.ones((2, 8)), np.zeros(16)])
+        assert [a.shape for a in w] == [(3, 8), (2, 8), (8,)]
+        holders = [
+            name for name, module in list(sys.modules.items())
+            if name.startswith("maskedrnn") and isinstance(module, types.ModuleType)
+            and "h5py" in vars(module)
+        ]
+        assert not holders, holders
+        import keras
+
+        inputs = keras.Input((2, 3))
+        model = keras.Model(inputs, keras.layers.LSTM(2)(inputs))
+        try:
+            convert.load_legacy_cudnn_h5("missing.h5", model)
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("load_legacy_cudnn_h5 ran without h5py")
+        print("ok")
+        """
+    )
+    assert run_python(["-c", code], keras.backend.backend()).strip() == "ok"

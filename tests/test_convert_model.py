@@ -1,4 +1,6 @@
-"""convert_model and bidirectional_to_masked, specified against the original models.
+"""`maskedrnn.convert.model`: convert_model and bidirectional_to_masked.
+
+Specified against the original models.
 
 The oracle throughout is the model before conversion: Keras' own
 `Bidirectional` layers fed the Keras masks of `Embedding(mask_zero=True)`.
@@ -13,8 +15,9 @@ import numpy as np
 import pytest
 from keras import layers, ops
 
+import maskedrnn
 from maskedrnn import MaskedBidirectional
-from maskedrnn.convert_model import bidirectional_to_masked, convert_model
+from maskedrnn.convert.model import bidirectional_to_masked, convert_model
 from tests.helpers import BACKEND, flat, to_np
 
 V, T, E, U, B = 12, 8, 3, 4, 5
@@ -132,6 +135,47 @@ def test_sequential_model_converted_with_same_predictions():
         assert_same_weights(new.get_layer(layer.name), layer)
     assert new.compiled and new.optimizer is not old.optimizer
     assert_same_predictions(new, old, padded_ids())
+
+
+def test_public_paths_keep_working():
+    """`convert_model` moved into the `maskedrnn.convert` package; the old
+    import paths still give the same functions."""
+    from maskedrnn.convert_model import bidirectional_to_masked as old_b2m
+    from maskedrnn.convert_model import convert_model as old_convert_model
+
+    assert maskedrnn.convert_model is convert_model is old_convert_model
+    assert maskedrnn.bidirectional_to_masked is bidirectional_to_masked is old_b2m
+
+
+def test_unregistered_loss_function_converts_without_compile_state():
+    """A loss or metric that is a plain, unregistered function cannot be
+    rebuilt from `get_compile_config()`: Keras' own `clone_model` raises.
+    convert_model converts the architecture and weights anyway, leaves the
+    new model uncompiled and says how to compile it."""
+
+    def ctc_loss(y_true, y_pred):
+        return ops.mean(ops.square(ops.cast(y_true, "float32") - y_pred))
+
+    old = sequential_model()
+    old.compile(optimizer="adam", loss=ctc_loss, metrics=[ctc_loss])
+    with pytest.raises(TypeError, match="Could not locate function 'ctc_loss'"):
+        keras.models.clone_model(old)
+    with pytest.warns(UserWarning, match="could not compile") as record:
+        new = convert_model(old)
+    (message,) = [
+        str(w.message) for w in record if "could not compile" in str(w.message)
+    ]
+    assert "'tagger'" in message and "Could not locate function" in message
+    assert "new_model.compile(" in message and "register_keras_serializable" in message
+    assert not new.compiled
+    assert old.compiled and old.loss is ctc_loss  # the original is untouched
+    assert isinstance(new.get_layer("bi_1"), MaskedBidirectional)
+    assert_same_predictions(new, old, padded_ids())
+    # Compiled as the warning says, it trains.
+    new.compile(optimizer="adam", loss=ctc_loss)
+    x = padded_ids()
+    history = new.fit(x, np.zeros((B, 2)), batch_size=B, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
 
 
 def test_original_model_unchanged_and_weights_not_shared():

@@ -27,6 +27,7 @@ from maskedrnn.layers import MaskedBidirectional
 __all__ = ["bidirectional_to_masked", "convert_model"]
 
 _CALL_SIGNATURE = inspect.signature(keras.layers.Bidirectional.call)
+_MASKED_CALL_SIGNATURE = inspect.signature(MaskedBidirectional.call)
 
 _SUBCLASSED_HOWTO = (
     "Swap the layer by hand: in the model's __init__, replace e.g. "
@@ -171,42 +172,131 @@ def bidirectional_to_masked(layer):
     return masked
 
 
+def _bidirectional_from_masked(layer):
+    """An unbuilt `keras.layers.Bidirectional` with `layer`'s configuration
+    (the inverse of `_masked_from_bidirectional`). From the config, whose
+    `backward_layer` has `go_backwards=True` as Bidirectional requires (the
+    layer's own backward RNN reads a sequence it reversed itself)."""
+    new = keras.layers.Bidirectional.from_config(layer.get_config())
+    _copy_use_cudnn(layer, new)
+    return new
+
+
+class _ToMasked:
+    """What `convert_model` swaps: `Bidirectional` -> `MaskedBidirectional`."""
+
+    source = keras.layers.Bidirectional
+
+    @staticmethod
+    def reason(layer):
+        return _unconvertible_reason(layer)
+
+    @staticmethod
+    def swap(layer):
+        return _masked_from_bidirectional(layer)
+
+    @staticmethod
+    def call(layer, *args, **kwargs):
+        # Bidirectional.call(sequences, initial_state, mask, training) and
+        # MaskedBidirectional.call(inputs, mask, lengths, initial_state,
+        # training) differ in their positional order: pass by name.
+        bound = _CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
+        bound.pop("self")
+        sequences = bound.pop("sequences")
+        return layer(sequences, **bound)
+
+
+class _ToKeras:
+    """The inverse swap, `MaskedBidirectional` -> `Bidirectional`, used by
+    `maskedrnn.load_weights` to rebuild the model a checkpoint came from."""
+
+    source = MaskedBidirectional
+
+    @staticmethod
+    def reason(layer):
+        return None
+
+    @staticmethod
+    def swap(layer):
+        return _bidirectional_from_masked(layer)
+
+    @staticmethod
+    def call(layer, *args, **kwargs):
+        bound = _MASKED_CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
+        bound.pop("self")
+        inputs = bound.pop("inputs")
+        lengths = bound.pop("lengths", None)
+        if lengths is not None:
+            # `lengths` means right-padded rows of `lengths[i]` valid steps.
+            steps = keras.ops.arange(keras.ops.shape(inputs)[1])
+            bound["mask"] = steps[None, :] < keras.ops.expand_dims(lengths, -1)
+        return layer(inputs, **bound)
+
+
 class _Converter:
-    """Rebuilds a Sequential/Functional model, swapping Bidirectional layers.
+    """Rebuilds a Sequential/Functional model, swapping wrapper layers.
 
     One instance converts one top-level model: `clone` is handed to
     `keras.models.clone_model` for every layer, at every nesting level, so
     that a layer shared between a nested model and its parent stays shared.
+    `direction` (`_ToMasked` or `_ToKeras`) says which layers are swapped
+    and how they are called. With `compile=True` the compile state of every
+    compiled (nested) model is carried over when Keras can rebuild it from
+    its config; `compile_errors` lists those it could not.
     """
 
-    def __init__(self):
+    def __init__(self, direction=_ToMasked, compile=True):
+        self.direction = direction
+        self.compile = compile
         self.copies = {}  # id(original layer) -> its copy
         self.leaves = []  # (original, copy) pairs whose weights get copied
-        self.converted = set()  # ids of the MaskedBidirectional copies
-        self.left = []  # (layer name, reason) for Bidirectionals kept as is
+        self.converted = set()  # ids of the swapped copies
+        self.left = []  # (layer name, reason) for layers kept as they are
+        self.compile_errors = []  # (model name, error) for compile states lost
 
     def convert(self, model):
-        if isinstance(model, keras.Sequential):
-            new = keras.models.clone_model(model, clone_function=self.clone)
-        else:
-            new = keras.models.clone_model(
-                model, clone_function=self.clone, call_function=self.call
-            )
+        # `clone_model` would compile the copy from `get_compile_config()`,
+        # which raises for an unregistered loss or metric function ("Could not
+        # locate function ..."). Clone without it, then compile here.
+        compiled = model.compiled
+        model.compiled = False
+        try:
+            if isinstance(model, keras.Sequential):
+                new = keras.models.clone_model(model, clone_function=self.clone)
+            else:
+                new = keras.models.clone_model(
+                    model, clone_function=self.clone, call_function=self.call
+                )
+        finally:
+            model.compiled = compiled
         # `clone_model` keeps a Sequential's `trainable` but not a Functional's.
         # (Only False is copied: setting it also sets every sublayer's flag.)
         if not model.trainable:
             new.trainable = False
+        if compiled and self.compile:
+            self.compile_like(model, new)
         return new
+
+    def compile_like(self, model, new):
+        config = model.get_compile_config()
+        try:
+            # What `clone_model` does: a fresh optimizer from the config.
+            new.compile_from_config(config)
+        except (TypeError, ValueError) as error:
+            # Typically an unregistered function as loss or metric. The
+            # architecture and weights are converted anyway.
+            self.compile_errors.append((model.name, error))
 
     def clone(self, layer):
         if id(layer) in self.copies:
             return self.copies[id(layer)]
+        source = self.direction.source
         if isinstance(layer, (keras.Sequential, Functional)):
             new = self.convert(layer)
-        elif isinstance(layer, keras.layers.Bidirectional):
-            reason = _unconvertible_reason(layer)
+        elif isinstance(layer, source):
+            reason = self.direction.reason(layer)
             if reason is None:
-                new = _masked_from_bidirectional(layer)
+                new = self.direction.swap(layer)
                 self.converted.add(id(new))
             else:
                 self.left.append((layer.name, reason))
@@ -218,7 +308,7 @@ class _Converter:
             new = _plain_copy(layer)
         else:
             for inner in layer._flatten_layers(include_self=False, recursive=True):
-                if isinstance(inner, keras.layers.Bidirectional):
+                if isinstance(inner, source):
                     self.left.append(
                         (
                             inner.name,
@@ -236,13 +326,7 @@ class _Converter:
     def call(self, layer, *args, **kwargs):
         if id(layer) not in self.converted:
             return layer(*args, **kwargs)
-        # Bidirectional.call(sequences, initial_state, mask, training) and
-        # MaskedBidirectional.call(inputs, mask, lengths, initial_state,
-        # training) differ in their positional order: pass by name.
-        bound = _CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
-        bound.pop("self")
-        sequences = bound.pop("sequences")
-        return layer(sequences, **bound)
+        return self.direction.call(layer, *args, **kwargs)
 
     def copy_weights(self):
         for old, new in self.leaves:
@@ -268,8 +352,19 @@ def convert_model(model, strict=False):
     layer is copied from its config and given a copy of its weights, as by
     `keras.models.clone_model`. Sequential and Functional models nested in
     the model (used as layers) are converted too. The original model is not
-    changed and shares no weights with the result. If it was compiled, the
-    new model is compiled with the same configuration (a fresh optimizer).
+    changed and shares no weights with the result.
+
+    If the model was compiled, the new model is compiled from
+    `model.get_compile_config()` (a fresh optimizer), as
+    `keras.models.clone_model` does. When Keras cannot rebuild that
+    configuration, typically because the loss or a metric is a plain Python
+    function that is not registered ("Could not locate function 'CTCLoss'"),
+    the architecture and weights are converted anyway, the new model is left
+    uncompiled, and a warning says so: compile it yourself with the
+    arguments you gave the original (`new_model.compile(optimizer="adam",
+    loss=CTCLoss)`), or decorate the function with
+    `@keras.saving.register_keras_serializable()` before converting, so the
+    compile state is carried over.
 
     Fed the same inputs, the new model returns the same predictions as the
     original (whose `Bidirectional` layers see the Keras masks of
@@ -339,6 +434,17 @@ def convert_model(model, strict=False):
             "as keras.layers.Bidirectional."
         )
     converter.copy_weights()
+    for name, error in converter.compile_errors:
+        warnings.warn(
+            f"convert_model converted model '{name}' but could not compile the "
+            f"copy from its compile config: {error} The new model is not "
+            "compiled. Compile it with the arguments you gave the original, "
+            "e.g. `new_model.compile(optimizer=..., loss=my_loss_fn, "
+            "metrics=[...])`, or register your loss/metric functions with "
+            "`@keras.saving.register_keras_serializable()` before converting so "
+            "that convert_model carries the compile state.",
+            stacklevel=2,
+        )
     for name, reason in converter.left:
         warnings.warn(
             f"convert_model kept Bidirectional layer '{name}' as "
