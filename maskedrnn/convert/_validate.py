@@ -2,7 +2,7 @@
 
 Every converter accepts anything `np.asarray` accepts; these helpers turn
 arguments into arrays and reject wrong shapes with an error that names the
-argument, the expected layout and what was received.
+argument, the expected layout and what it got.
 """
 
 import numpy as np
@@ -17,13 +17,11 @@ def _array(value, name):
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(
             f"`{name}` must be array-like (anything `np.asarray` accepts; for a "
-            "torch tensor call `.detach().cpu()` first). Received "
+            "torch tensor call `.detach().cpu()` first); got "
             f"{type(value).__name__}: {error}"
         ) from error
     if array.dtype.kind not in "fiu":
-        raise TypeError(
-            f"`{name}` must hold real numbers; received dtype {array.dtype}."
-        )
+        raise TypeError(f"`{name}` must hold real numbers; got dtype {array.dtype}.")
     return array
 
 
@@ -31,12 +29,12 @@ def _array_list(values, length, name, what):
     """Checks `values` is a list/tuple of `length` arrays; returns arrays."""
     if isinstance(values, np.ndarray) or not isinstance(values, (list, tuple)):
         raise TypeError(
-            f"`{name}` must be a list of {length} arrays {what}; received "
+            f"`{name}` must be a list of {length} arrays {what}; got "
             f"{type(values).__name__}."
         )
     if len(values) != length:
         raise ValueError(
-            f"`{name}` must be a list of {length} arrays {what}; received "
+            f"`{name}` must be a list of {length} arrays {what}; got "
             f"{len(values)} arrays."
         )
     return [_array(v, f"{name}[{i}]") for i, v in enumerate(values)]
@@ -45,7 +43,7 @@ def _array_list(values, length, name, what):
 def _check_shape(array, shape, name, hint):
     if array.shape != tuple(shape):
         raise ValueError(
-            f"`{name}` must have shape {tuple(shape)} ({hint}); received shape "
+            f"`{name}` must have shape {tuple(shape)} ({hint}); got shape "
             f"{array.shape}."
         )
 
@@ -55,13 +53,13 @@ def _units_and_gates(recurrent_kernel, name):
     if recurrent_kernel.ndim != 2 or recurrent_kernel.shape[0] == 0:
         raise ValueError(
             f"`{name}` must be a 2-D recurrent kernel of shape (units, "
-            f"gates * units); received shape {recurrent_kernel.shape}."
+            f"gates * units); got shape {recurrent_kernel.shape}."
         )
     units, columns = recurrent_kernel.shape
     if columns % units or columns // units not in (GRU_GATES, LSTM_GATES):
         raise ValueError(
             f"`{name}` must have shape (units, 4 * units) for an LSTM or "
-            f"(units, 3 * units) for a GRU; received shape "
+            f"(units, 3 * units) for a GRU; got shape "
             f"{recurrent_kernel.shape}."
         )
     return units, columns // units
@@ -82,7 +80,7 @@ def _keras_lstm(weights, name="weights"):
     if kernel.ndim != 2:
         raise ValueError(
             f"`{name}[0]` must be the 2-D kernel (input_dim, 4 * units); "
-            f"received shape {kernel.shape}."
+            f"got shape {kernel.shape}."
         )
     _check_shape(
         kernel, (kernel.shape[0], 4 * units), f"{name}[0]", "kernel of a keras LSTM"
@@ -109,7 +107,7 @@ def _keras_gru(weights, name="weights"):
     if kernel.ndim != 2:
         raise ValueError(
             f"`{name}[0]` must be the 2-D kernel (input_dim, 3 * units); "
-            f"received shape {kernel.shape}."
+            f"got shape {kernel.shape}."
         )
     _check_shape(
         kernel, (kernel.shape[0], 3 * units), f"{name}[0]", "kernel of a keras GRU"
@@ -146,7 +144,7 @@ def _keras_without_bias(weights, n_gates, layer_name):
     if kernel.ndim != 2:
         raise ValueError(
             f"`weights[0]` must be the 2-D kernel (input_dim, {n_gates} * units); "
-            f"received shape {kernel.shape}."
+            f"got shape {kernel.shape}."
         )
     _check_shape(
         kernel,
@@ -163,7 +161,7 @@ def _layers_list(layers_weights):
     ):
         raise TypeError(
             "`layers_weights` must be a list with one list of arrays per layer, "
-            f"e.g. [layer.get_weights()]; received {type(layers_weights).__name__}."
+            f"e.g. [layer.get_weights()]; got {type(layers_weights).__name__}."
         )
     if not layers_weights:
         raise ValueError("`layers_weights` must hold at least one layer.")
@@ -171,7 +169,7 @@ def _layers_list(layers_weights):
         if not isinstance(layer, (list, tuple)):
             raise TypeError(
                 f"`layers_weights[{index}]` must be a list of arrays (one layer's "
-                f"weights); received {type(layer).__name__}. For a single layer "
+                f"weights); got {type(layer).__name__}. For a single layer "
                 "pass [layer.get_weights()]."
             )
     return layers_weights

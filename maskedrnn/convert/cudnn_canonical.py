@@ -219,7 +219,7 @@ def gru_to_cudnn_canonical_gru(weights):
 
 def _check_mode(rnn_mode):
     if rnn_mode not in ("lstm", "gru"):
-        raise ValueError(f'`rnn_mode` must be "lstm" or "gru"; received {rnn_mode!r}.')
+        raise ValueError(f'`rnn_mode` must be "lstm" or "gru"; got {rnn_mode!r}.')
 
 
 def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
@@ -256,7 +256,7 @@ def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
     """
     _check_mode(rnn_mode)
     if not isinstance(bidirectional, bool):
-        raise TypeError(f"`bidirectional` must be a bool; received {bidirectional!r}.")
+        raise TypeError(f"`bidirectional` must be a bool; got {bidirectional!r}.")
     per_direction = 2 * (LSTM_GATES if rnn_mode == "lstm" else GRU_GATES)
     directions = 2 if bidirectional else 1
     for value, name in ((weights, "weights"), (biases, "biases")):
@@ -266,11 +266,11 @@ def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
             raise ValueError(
                 f"`{name}` must hold {per_direction} arrays per layer and "
                 f"direction for rnn_mode={rnn_mode!r}, "
-                f"bidirectional={bidirectional}; received {len(value)}."
+                f"bidirectional={bidirectional}; got {len(value)}."
             )
     if len(weights) != len(biases):
         raise ValueError(
-            f"`weights` and `biases` must have the same length; received "
+            f"`weights` and `biases` must have the same length; got "
             f"{len(weights)} and {len(biases)}."
         )
     convert = (
@@ -320,7 +320,7 @@ def keras_to_cudnn_canonical(layers_weights):
         if len(layer) not in (3, 6):
             raise ValueError(
                 f"`layers_weights[{index}]` must hold 3 arrays (LSTM/GRU) or 6 "
-                f"(Bidirectional); received {len(layer)}."
+                f"(Bidirectional); got {len(layer)}."
             )
         directions.add(len(layer) // 3)
         for start in range(0, len(layer), 3):

@@ -79,7 +79,7 @@ def cudnn_compatible_lstm_cell_to_lstm(kernel, bias, forget_bias=0.0):
     bias = _array(bias, "bias")
     if kernel.ndim != 2 or kernel.shape[1] % 4 or kernel.shape[1] == 0:
         raise ValueError(
-            "`kernel` must have shape (input_dim + units, 4 * units); received "
+            "`kernel` must have shape (input_dim + units, 4 * units); got "
             f"shape {kernel.shape}."
         )
     units = kernel.shape[1] // 4
@@ -87,7 +87,7 @@ def cudnn_compatible_lstm_cell_to_lstm(kernel, bias, forget_bias=0.0):
     if input_dim < 1:
         raise ValueError(
             f"`kernel` has {kernel.shape[0]} rows but must have input_dim + "
-            f"units rows with units = {units} (= columns / 4); received shape "
+            f"units rows with units = {units} (= columns / 4); got shape "
             f"{kernel.shape}."
         )
     _check_shape(bias, (4 * units,), "bias", "4 * units, gate order i, c, f, o")
@@ -185,14 +185,14 @@ def cudnn_compatible_gru_cell_to_gru(
     if hidden_kernel.ndim != 2 or hidden_kernel.shape[0] == 0:
         raise ValueError(
             "`hidden_projection_kernel` must have shape (units, units); "
-            f"received shape {hidden_kernel.shape}."
+            f"got shape {hidden_kernel.shape}."
         )
     units = hidden_kernel.shape[0]
     _check_shape(hidden_kernel, (units, units), "hidden_projection_kernel", "U, U")
     if input_kernel.ndim != 2:
         raise ValueError(
             "`input_projection_kernel` must have shape (input_dim, units); "
-            f"received shape {input_kernel.shape}."
+            f"got shape {input_kernel.shape}."
         )
     input_dim = input_kernel.shape[0]
     _check_shape(input_kernel, (input_dim, units), "input_projection_kernel", "D, U")

@@ -75,7 +75,7 @@ def _legacy_cudnn(weights, n_gates, name, layer_name):
     if kernel.ndim != 2:
         raise ValueError(
             f"`{name}[0]` must be the 2-D kernel (input_dim, {n_gates} * units) "
-            f"of a {layer_name}; received shape {kernel.shape}."
+            f"of a {layer_name}; got shape {kernel.shape}."
         )
     _check_shape(
         kernel,
@@ -409,9 +409,7 @@ def load_legacy_cudnn_h5(filepath, model):
     ```
     """
     if not isinstance(model, keras.layers.Layer):
-        raise TypeError(
-            f"`model` must be a Keras 3 model; received {type(model).__name__}."
-        )
+        raise TypeError(f"`model` must be a Keras 3 model; got {type(model).__name__}.")
     import h5py  # Only here: `import maskedrnn` must not load h5py.
 
     filepath = os.fspath(filepath)

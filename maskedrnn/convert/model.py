@@ -147,7 +147,7 @@ def bidirectional_to_masked(layer):
     """
     if not isinstance(layer, keras.layers.Bidirectional):
         raise TypeError(
-            "`layer` must be a keras.layers.Bidirectional instance; received "
+            "`layer` must be a keras.layers.Bidirectional instance; got "
             f"layer={layer!r}. For a whole model use `convert_model(model)`."
         )
     reason = _unconvertible_reason(layer)
@@ -415,7 +415,7 @@ def convert_model(model, strict=False):
     if not isinstance(model, keras.Model):
         raise TypeError(
             "`model` must be a keras.Model (Sequential or Functional); "
-            f"received model={model!r}."
+            f"got model={model!r}."
         )
     if not isinstance(model, (keras.Sequential, Functional)):
         raise ValueError(

@@ -35,7 +35,7 @@ def _torch_arrays(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
     if weight_hh.ndim != 2 or weight_hh.shape[1] == 0:
         raise ValueError(
             f"`weight_hh` must have shape ({n_gates} * hidden_size, hidden_size) "
-            f"for {module}; received shape {weight_hh.shape}."
+            f"for {module}; got shape {weight_hh.shape}."
         )
     hidden = weight_hh.shape[1]
     _check_shape(
@@ -44,7 +44,7 @@ def _torch_arrays(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
     if weight_ih.ndim != 2:
         raise ValueError(
             f"`weight_ih` must have shape ({n_gates} * hidden_size, input_size); "
-            f"received shape {weight_ih.shape}."
+            f"got shape {weight_ih.shape}."
         )
     _check_shape(
         weight_ih,
@@ -259,10 +259,10 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
     if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
         raise TypeError(
             "`state_dict` must be a mapping such as `module.state_dict()`; "
-            f"received {type(state_dict).__name__}."
+            f"got {type(state_dict).__name__}."
         )
     if not isinstance(prefix, str):
-        raise TypeError(f"`prefix` must be a string; received {prefix!r}.")
+        raise TypeError(f"`prefix` must be a string; got {prefix!r}.")
     keys = set(state_dict.keys())
     if f"{prefix}weight_ih_l0" not in keys:
         raise ValueError(
@@ -330,14 +330,14 @@ def keras_to_torch_state_dict(layers_weights, prefix=""):
     """
     layers = _layers_list(layers_weights)
     if not isinstance(prefix, str):
-        raise TypeError(f"`prefix` must be a string; received {prefix!r}.")
+        raise TypeError(f"`prefix` must be a string; got {prefix!r}.")
     signatures = set()
     state = {}
     for k, layer in enumerate(layers):
         if len(layer) not in (2, 3, 4, 6):
             raise ValueError(
                 f"`layers_weights[{k}]` must hold 3 arrays (LSTM/GRU), 6 "
-                "(Bidirectional), or 2 / 4 without bias; received "
+                "(Bidirectional), or 2 / 4 without bias; got "
                 f"{len(layer)}."
             )
         # 3 / 6 arrays: with bias; 2 / 4 arrays: use_bias=False.
