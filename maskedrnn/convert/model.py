@@ -227,9 +227,12 @@ class _ToKeras:
         inputs = bound.pop("inputs")
         lengths = bound.pop("lengths", None)
         if lengths is not None:
-            # `lengths` means right-padded rows of `lengths[i]` valid steps.
-            steps = keras.ops.arange(keras.ops.shape(inputs)[1])
-            bound["mask"] = steps[None, :] < keras.ops.expand_dims(lengths, -1)
+            # `lengths` means right-padded rows of `lengths[i]` valid steps:
+            # mask[i, t] = t + 1 <= lengths[i] (time may be unknown here).
+            ones = keras.ops.ones_like(inputs[:, :, 0], dtype="int32")
+            positions = keras.ops.cumsum(ones, axis=1)
+            lengths = keras.ops.expand_dims(keras.ops.cast(lengths, "int32"), -1)
+            bound["mask"] = keras.ops.less_equal(positions, lengths)
         return layer(inputs, **bound)
 
 
