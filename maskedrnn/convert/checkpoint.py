@@ -104,9 +104,9 @@ def load_weights(model, filepath):
     `MaskedBidirectional`, as `convert_model` does); the first rebuilt model
     whose layout equals the file's loads it with Keras' own loader and its
     weights are copied into `model` (the two wrappers hold the same weights,
-    in the same order). Nothing is assigned unless a layout matches. In
-    that case only the layers' weights are loaded, not an optimizer state
-    the file may hold.
+    in the same order). Nothing is assigned unless a layout matches. When
+    the model has to be rebuilt, only the layers' weights are loaded, not an
+    optimizer state the file may hold.
 
     Args:
         model: A built `keras.Model`. Rebuilding (when the layouts differ)
