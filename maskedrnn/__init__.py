@@ -5,7 +5,8 @@ __version__ = "0.1.0"
 from maskedrnn import convert, datasets, export, ops
 from maskedrnn.convert.checkpoint import load_weights
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
-from maskedrnn.layers import MaskedBidirectional
+from maskedrnn.ctc import MaskedCTC, ctc_decode, ctc_ids_to_text, masked_ctc
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 from maskedrnn.losses import MaskedLoss, masked_loss
 from maskedrnn.metrics import (
     MaskedAccuracy,
@@ -16,15 +17,20 @@ from maskedrnn.metrics import (
 __all__ = [
     "MaskedAccuracy",
     "MaskedBidirectional",
+    "MaskedCTC",
     "MaskedLoss",
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
+    "MaskedRNN",
     "bidirectional_to_masked",
     "convert",
     "convert_model",
+    "ctc_decode",
+    "ctc_ids_to_text",
     "datasets",
     "export",
     "load_weights",
+    "masked_ctc",
     "masked_loss",
     "ops",
 ]

@@ -1,4 +1,13 @@
-"""Argument checks that still bite inside compiled graphs (`keras.ops` only).
+"""Argument checks of the layers, including those that bite inside compiled graphs.
+
+`check_inputs`, `check_lengths`, `check_lengths_static`, `check_mask` and
+`check_initial_state` are the call-argument checks of `MaskedBidirectional`
+and `MaskedRNN`: shapes and dtypes are checked as soon as they are known (at
+model build for symbolic inputs), values when the tensors are concrete.
+Error messages name the argument, say what was wrong and what was received
+("got ..."), and how to fix it.
+
+The rest keeps value checks alive inside compiled graphs (`keras.ops` only).
 
 Checks that read values (`0 <= lengths <= time`) can only raise a Python
 error when the tensor is concrete (eager TensorFlow, eager PyTorch, JAX
@@ -22,9 +31,21 @@ loud without any backend-specific code:
   after it see NaN activations, so their weights do not).
 """
 
+import keras
 from keras import name_scope, ops
 
+from maskedrnn import _backend
+from maskedrnn._keras_private import ConvLSTM
+from maskedrnn.masking import as_bool
+
 __all__ = [
+    "check_bidirectional_layers",
+    "check_wrapped_rnn",
+    "check_inputs",
+    "check_lengths",
+    "check_lengths_static",
+    "check_mask",
+    "check_initial_state",
     "match_leading_dims",
     "invalid_lengths",
     "clamp_lengths",
@@ -164,3 +185,261 @@ def poison_rows(tensors, bad):
     nan = ops.convert_to_tensor(float("nan"), dtype=x.dtype)
     zero = ops.convert_to_tensor(0.0, dtype=x.dtype)
     return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)
+
+
+def check_inputs(x, layer_name, built_features=None):
+    """Checks the `inputs` of a layer call: rank 3, at least one step, the
+    feature size the layer was built for. Returns `x` as a tensor."""
+    x = ops.convert_to_tensor(x)
+    if len(x.shape) != 3:
+        raise ValueError(
+            f"{layer_name} expects inputs of shape (batch, time, features); "
+            f"got shape {tuple(x.shape)} (rank {len(x.shape)}). Add a feature "
+            "axis (e.g. an Embedding or expand_dims) for rank 2 inputs."
+        )
+    time = ops.shape(x)[1]
+    if isinstance(time, int) and time == 0:
+        raise ValueError(
+            "inputs has a zero-size time axis (shape "
+            f"{tuple(x.shape)}); pad every batch to at least one step."
+        )
+    features = x.shape[-1]
+    if (
+        isinstance(features, int)
+        and isinstance(built_features, int)
+        and features != built_features
+    ):
+        raise ValueError(
+            f"inputs has {features} features but the layer was built for "
+            f"{built_features} (last axis of inputs); got inputs of shape "
+            f"{tuple(x.shape)}."
+        )
+    return x
+
+
+def check_input_shape(shape, layer_name):
+    """Checks a build-time input shape: `(batch, time, features)`."""
+    shape = tuple(shape)
+    if len(shape) != 3:
+        raise ValueError(
+            f"{layer_name} expects inputs of shape (batch, time, features); "
+            f"got shape {shape} (rank {len(shape)}). Add a feature axis (e.g. "
+            "an Embedding or expand_dims) for rank 2 inputs."
+        )
+    return shape
+
+
+def check_lengths_static(lengths, x):
+    """Checks of `lengths` that need shapes and dtypes only (also at model
+    build). Returns `lengths` with a trailing axis of size 1 squeezed."""
+    if len(lengths.shape) == 2 and lengths.shape[1] == 1:
+        lengths = ops.squeeze(lengths, 1)
+    if len(lengths.shape) != 1:
+        raise ValueError(
+            "lengths must have shape (batch,), one length per row; got "
+            f"shape {tuple(lengths.shape)}."
+        )
+    if "int" not in keras.backend.standardize_dtype(lengths.dtype):
+        raise ValueError(
+            f"lengths must be integers; got dtype {lengths.dtype}. Cast it "
+            "with ops.cast(lengths, 'int32') (a float length is ambiguous)."
+        )
+    batch, n = x.shape[0], lengths.shape[0]
+    if isinstance(batch, int) and isinstance(n, int) and batch != n:
+        raise ValueError(
+            f"lengths has {n} rows but inputs has {batch} (batch "
+            f"dimension); pass one length per row; got lengths of shape "
+            f"{tuple(lengths.shape)}."
+        )
+    return lengths
+
+
+def check_lengths(lengths, x):
+    """Checks `lengths` against `inputs` `x`; returns `(lengths, bad_rows)`.
+
+    `lengths` comes back as int32 `(batch,)`. Concrete values outside
+    `[0, time]` raise. In compiled code (values unknown) they cannot: then
+    `bad_rows` flags them for `poison_rows` and `lengths` is clamped;
+    otherwise `bad_rows` is None.
+    """
+    lengths = check_lengths_static(ops.convert_to_tensor(lengths), x)
+    lengths = ops.cast(lengths, "int32")
+    # A batch size known only at run time: fail there, never broadcast.
+    lengths = match_leading_dims(lengths, x, 1, "lengths")
+    time = ops.shape(x)[1]
+    if not _backend.is_concrete(lengths):
+        # Compiled code cannot raise on values: rows with a length outside
+        # [0, time] get NaN in every output and state (docs/errors.md).
+        return clamp_lengths(lengths, time), invalid_lengths(lengths, time)
+    values = ops.convert_to_numpy(lengths)
+    if values.size and values.min() < 0:
+        raise ValueError(f"lengths must be >= 0; got min(lengths)={values.min()}.")
+    if isinstance(time, int) and values.size and values.max() > time:
+        raise ValueError(
+            f"lengths has a value {values.max()} longer than the time "
+            f"axis of inputs ({time}); clip lengths or pad inputs."
+        )
+    return lengths, None
+
+
+def check_mask(mask, x):
+    """Checks a `(batch, time)` mask against `inputs` `x`; returns it as
+    bool (numeric masks: non-zero = valid step)."""
+    mask = ops.convert_to_tensor(mask)
+    if len(mask.shape) != 2:
+        raise ValueError(
+            f"mask must have shape (batch, time); got shape {tuple(mask.shape)}."
+        )
+    for axis, name in ((0, "batch"), (1, "time")):
+        a, b = mask.shape[axis], x.shape[axis]
+        if isinstance(a, int) and isinstance(b, int) and a != b:
+            raise ValueError(
+                f"mask has {a} along axis {axis} but inputs has {b} "
+                f"({name} dimension); the mask must be (batch, time)."
+            )
+    dtype = keras.backend.standardize_dtype(mask.dtype)
+    if dtype != "bool" and not any(k in dtype for k in ("int", "float")):
+        raise ValueError(
+            "mask must be boolean (or numeric: non-zero = valid step); got "
+            f"dtype {mask.dtype}."
+        )
+    mask = as_bool(mask)
+    if not isinstance(mask, keras.KerasTensor):
+        mask = match_leading_dims(mask, x, 2, "mask")
+    return mask
+
+
+def check_initial_state(initial_state, x, parts):
+    """Checks `initial_state` against the states the layer needs.
+
+    Args:
+        initial_state: A tensor or a list of tensors, or None.
+        x: The inputs (for the batch size).
+        parts: List of `(owner, names, sizes)`, one per inner layer in the
+            order their states come, e.g. `[("the forward LSTM", ["h", "c"],
+            [64, 64]), ("the backward GRU", ["h"], [32])]`.
+
+    Returns:
+        None, or a list with one list of state tensors per part.
+    """
+    if initial_state is None:
+        return None
+    if not isinstance(initial_state, (list, tuple)):
+        initial_state = [initial_state]
+    initial_state = list(initial_state)
+    expected = [
+        (owner, name, size)
+        for owner, names, sizes in parts
+        for name, size in zip(names, sizes)
+    ]
+    described = ", ".join(
+        f"{owner}'s {name} (batch, {size})" for owner, name, size in expected
+    )
+    if len(initial_state) != len(expected):
+        raise ValueError(
+            f"initial_state has {len(initial_state)} tensors but this layer "
+            f"needs {len(expected)}, in this order: {described}; got shapes "
+            f"{[tuple(ops.shape(s)) for s in initial_state]}."
+        )
+    batch = x.shape[0]
+    for i, (state, (owner, name, size)) in enumerate(zip(initial_state, expected)):
+        shape = tuple(ops.convert_to_tensor(state).shape)
+        if (
+            len(shape) != 2
+            or (isinstance(shape[1], int) and shape[1] != size)
+            or (
+                isinstance(shape[0], int)
+                and isinstance(batch, int)
+                and shape[0] != batch
+            )
+        ):
+            raise ValueError(
+                f"initial_state[{i}] is {owner}'s {name} and must have shape "
+                f"(batch, {size}) with the batch of inputs ({batch}); got shape "
+                f"{shape}. The layer needs, in this order: {described}."
+            )
+    out, start = [], 0
+    for _, names, _ in parts:
+        out.append(initial_state[start : start + len(names)])
+        start += len(names)
+    return out
+
+
+MERGE_MODES = ("concat", "sum", "mul", "ave", None)
+
+
+def check_bidirectional_layers(layer, backward_layer, merge_mode):
+    """The constructor checks of `MaskedBidirectional`."""
+    if not isinstance(layer, keras.layers.RNN):
+        raise ValueError(
+            "MaskedBidirectional needs `layer` to be a keras.layers.RNN "
+            "instance such as keras.layers.LSTM(64) or "
+            f"keras.layers.GRU(64); got layer={layer!r}."
+        )
+    if isinstance(layer, ConvLSTM) or isinstance(backward_layer, ConvLSTM):
+        raise ValueError(
+            "MaskedBidirectional wraps RNNs over (batch, time, features) "
+            "inputs; ConvLSTM1D/2D/3D take images per step. Use "
+            "keras.layers.Bidirectional for ConvLSTM layers."
+        )
+    if backward_layer is not None and not isinstance(backward_layer, keras.layers.RNN):
+        raise ValueError(
+            "`backward_layer` must be a keras.layers.RNN instance (or None "
+            f"to copy `layer`); got backward_layer={backward_layer!r}."
+        )
+    if merge_mode not in MERGE_MODES:
+        raise ValueError(
+            f"Invalid merge_mode={merge_mode!r}: use one of "
+            '"concat", "sum", "mul", "ave" or None.'
+        )
+    if layer.go_backwards:
+        raise ValueError(
+            "`layer` is the forward direction and must have "
+            "go_backwards=False; the backward direction is made from it "
+            "(or pass it as `backward_layer`)."
+        )
+    if layer.stateful:
+        raise ValueError(
+            "MaskedBidirectional does not support stateful=True: states "
+            "carried across batches do not mix with per-row lengths. Use "
+            "keras.layers.Bidirectional for stateful RNNs, or pass the "
+            "previous final states as `initial_state`."
+        )
+    if backward_layer is not None:
+        if not backward_layer.go_backwards:
+            raise ValueError(
+                "`backward_layer` must have go_backwards=True, like "
+                "keras.layers.Bidirectional requires; got "
+                "go_backwards=False."
+            )
+        for attr in ("stateful", "return_sequences", "return_state"):
+            fwd, bwd = getattr(layer, attr), getattr(backward_layer, attr)
+            if fwd != bwd:
+                raise ValueError(
+                    f"`layer` and `backward_layer` must have the same "
+                    f"{attr}; got {fwd} for layer and {bwd} for "
+                    "backward_layer."
+                )
+
+
+def check_wrapped_rnn(layer):
+    """The constructor checks of `MaskedRNN`."""
+    if not isinstance(layer, keras.layers.RNN):
+        raise ValueError(
+            "MaskedRNN needs `layer` to be a keras.layers.RNN instance such "
+            "as keras.layers.LSTM(64) or keras.layers.GRU(64); got "
+            f"layer={layer!r}."
+        )
+    if isinstance(layer, ConvLSTM):
+        raise ValueError(
+            "MaskedRNN wraps RNNs over (batch, time, features) inputs; "
+            f"ConvLSTM1D/2D/3D take images per step; got layer={layer!r}. "
+            "Call the ConvLSTM layer itself with its mask."
+        )
+    if layer.stateful:
+        raise ValueError(
+            "MaskedRNN does not support stateful=True: states carried "
+            "across batches do not mix with per-row lengths; got a layer "
+            "with stateful=True. Call the layer itself, or pass the previous "
+            "final states as `initial_state`."
+        )

@@ -12,6 +12,8 @@ can feed any backend.
   returns the lengths.
 * `make_distance_to_end_task` builds a synthetic token-labelling task whose
   targets a forward-only RNN cannot know but a backward RNN can.
+* `make_spoken_digits_task` renders digit strings as noisy frames of varying
+  duration: a small CTC recognition task (see `maskedrnn.MaskedCTC`).
 """
 
 import importlib.resources
@@ -25,6 +27,7 @@ __all__ = [
     "load_japanese_vowels",
     "pad_batch",
     "make_distance_to_end_task",
+    "make_spoken_digits_task",
 ]
 
 _BOOLEAN_TAGS = {
@@ -533,3 +536,79 @@ def make_distance_to_end_task(
     ids = np.where(valid, tokens, 0).astype(np.int32)
     labels = np.where(valid, np.minimum(distance, n_classes - 1), -1)
     return ids, labels.astype(np.int32), lengths
+
+
+def make_spoken_digits_task(
+    n,
+    max_digits=5,
+    features=12,
+    noise=0.6,
+    maxlen=None,
+    padding="post",
+    seed=None,
+):
+    """Synthetic "speech": digit strings rendered as noisy frames, for CTC.
+
+    Each digit `0..9` has a fixed random prototype vector (drawn from
+    `seed`). A sequence of 1 to `max_digits` random digits becomes frames:
+    0-2 frames of silence, then for each digit 2-4 frames of its prototype
+    (amplitude varying per frame) and 1-2 frames of silence, all plus
+    Gaussian noise of standard deviation `noise`. So the number of frames
+    varies per digit and per sequence, repeated digits are separated by
+    silence, and the frame a digit starts at is unknown: the task needs an
+    alignment-free loss such as CTC. Padded frames are exactly zero
+    (`keras.layers.Masking()` reads them as padding); real frames never are.
+
+    Label ids are `digit + 1` (0 is the CTC blank), so
+    `maskedrnn.ctc_ids_to_text(labels, vocabulary="_0123456789")` gives the
+    digit strings.
+
+    Example:
+
+    >>> x, labels, lengths = make_spoken_digits_task(3, seed=0)
+    >>> x.shape[0], labels.shape, lengths.shape
+    (3, (3, 5), (3,))
+
+    Args:
+        n: Int >= 1, number of sequences.
+        max_digits: Int >= 1, the most digits in a sequence (and the width
+            of `labels`). Defaults to `5`.
+        features: Int >= 1, features per frame. Defaults to `12`.
+        noise: Float >= 0, standard deviation of the frame noise. Defaults
+            to `0.6`.
+        maxlen: Int or `None`, the padded number of frames; `None` (default)
+            uses the longest sequence. A sequence longer than `maxlen` is an
+            error.
+        padding: `"post"` (default) or `"pre"`, as in `pad_batch`.
+        seed: Int or `None`, seed of `numpy.random.default_rng`: the same
+            seed gives the same prototypes and data. Defaults to `None`.
+
+    Returns:
+        A tuple `(x, labels, lengths)`: float32 frames
+        `(n, maxlen, features)` (0 at padding), int32 labels
+        `(n, max_digits)` (digit + 1, padded with 0) and int32 frame counts
+        `(n,)`.
+    """
+    for name, v in (("n", n), ("max_digits", max_digits), ("features", features)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {v!r}.")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
+        raise ValueError(f"noise must be a number >= 0; got {noise!r}.")
+    rng = np.random.default_rng(seed)
+    prototypes = rng.normal(size=(10, features))
+    labels = np.zeros((n, max_digits), np.int32)
+    sequences = []
+    for i in range(n):
+        digits = rng.integers(0, 10, size=rng.integers(1, max_digits + 1))
+        labels[i, : len(digits)] = digits + 1
+        frames = [np.zeros((rng.integers(0, 3), features))]
+        for d in digits:
+            steps = rng.integers(2, 5)
+            amplitude = rng.uniform(0.7, 1.3, size=(steps, 1))
+            frames.append(amplitude * prototypes[d])
+            frames.append(np.zeros((rng.integers(1, 3), features)))
+        frames = np.concatenate(frames)
+        frames = frames + noise * rng.normal(size=frames.shape)
+        sequences.append(frames)
+    x, lengths = pad_batch(sequences, maxlen=maxlen, padding=padding)
+    return x, labels, lengths

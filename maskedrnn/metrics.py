@@ -18,12 +18,12 @@ steps; these metrics still are.
 import keras
 from keras import ops
 
-from maskedrnn.losses import (
-    _check_pad_value,
-    _combine_masks,
-    _expand_sample_weight,
-    _step_masks,
-    get_keras_mask,
+from maskedrnn._keras_private import get_keras_mask
+from maskedrnn.masking import (
+    check_pad_value,
+    combine_masks,
+    expand_sample_weight,
+    step_masks,
 )
 
 __all__ = ["MaskedAccuracy", "MaskedMeanAbsoluteError", "MaskedMeanSquaredError"]
@@ -38,7 +38,7 @@ class _MaskedStepMean(keras.metrics.Metric):
 
     def __init__(self, pad_value=None, name=None, dtype=None):
         super().__init__(name=name, dtype=dtype)
-        self.pad_value = _check_pad_value(pad_value)
+        self.pad_value = check_pad_value(pad_value)
         self.total = self.add_variable(
             shape=(), initializer="zeros", dtype=self.dtype, name="total"
         )
@@ -60,15 +60,15 @@ class _MaskedStepMean(keras.metrics.Metric):
         native_mask = get_keras_mask(y_pred)
         y_pred = ops.convert_to_tensor(y_pred)
         y_true = ops.convert_to_tensor(y_true)
-        y_true, masks = _step_masks(y_true, y_pred, native_mask, None, self.pad_value)
+        y_true, masks = step_masks(y_true, y_pred, native_mask, None, self.pad_value)
         values = ops.cast(self._step_values(y_true, y_pred), self.dtype)
-        valid = _combine_masks(masks, values, "metric value")
+        valid = combine_masks(masks, values, "metric value")
         weights = ops.ones_like(values)
         if valid is not None:
             values = ops.where(valid, values, ops.zeros_like(values))
             weights = ops.cast(valid, self.dtype)
         if sample_weight is not None:
-            sample_weight = _expand_sample_weight(sample_weight, values, self.dtype)
+            sample_weight = expand_sample_weight(sample_weight, values, self.dtype)
             weights = weights * sample_weight
         self.total.assign_add(ops.sum(values * weights))
         self.count.assign_add(ops.sum(ops.broadcast_to(weights, ops.shape(values))))

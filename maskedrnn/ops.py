@@ -10,28 +10,47 @@ otherwise. `lengths` is a rank-1 integer tensor with one entry per batch row.
 
 from keras import ops
 
+from maskedrnn.masking import as_bool
+
 __all__ = [
     "reverse_sequence",
+    "reverse_index",
     "sequence_mask",
     "lengths_from_mask",
     "lengths_from_padding",
     "valid_first_order",
+    "gather_time",
     "linear_recurrence_last",
 ]
 
 
-def _time_index(x, axis):
-    """`(1, T)` int32 positions along `axis` of `x` (shape-agnostic)."""
-    t = ops.shape(x)[axis]
-    return ops.expand_dims(ops.arange(t, dtype="int32"), 0)
-
-
-def _gather_time(x, index):
-    """Gathers `x[b, index[b, t], ...]` for a `(batch, time)` index on axis 1.
+def gather_time(x, index):
+    """Gathers `x[b, index[b, t], ...]`: a per-row reordering of the time axis.
 
     A row gather on the `(batch * time, ...)` view: measurably faster than
-    `take_along_axis`, which broadcasts the index over the feature axes.
+    `take_along_axis`, which broadcasts the index over the feature axes. With
+    the permutations of `valid_first_order` it moves each row's valid steps to
+    the front (`order`) and back (`inverse`). Indices must lie in
+    `[0, time)`; they are not checked (out-of-range indices read another
+    row's data or fail, depending on the backend).
+
+    Example:
+
+    >>> x = [[[1.], [2.], [3.]],
+    ...      [[4.], [5.], [6.]]]
+    >>> gather_time(x, index=[[2, 0, 1], [1, 1, 0]])
+    [[[3.], [1.], [2.]],
+     [[5.], [5.], [4.]]]
+
+    Args:
+        x: Tensor of shape `(batch, time, ...)`.
+        index: Integer tensor of shape `(batch, time_out)` with values in
+            `[0, time)`; usually `time_out == time`.
+
+    Returns:
+        A tensor of shape `(batch, time_out, ...)` and the dtype of `x`.
     """
+    x = ops.convert_to_tensor(x)
     shape = ops.shape(x)
     batch, time = shape[0], shape[1]
     if any(isinstance(d, int) and d == 0 for d in (batch, time)):
@@ -88,14 +107,40 @@ def reverse_sequence(x, lengths, axis=1):
         )
     if axis != 1:
         x = ops.moveaxis(x, axis, 1)
-    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    t = _time_index(x, 1)
-    n = ops.expand_dims(lengths, 1)
-    index = ops.where(t < n, n - 1 - t, t)
-    y = _gather_time(x, index)
+    index = reverse_index(lengths, ops.shape(x)[1])
+    y = gather_time(x, index)
     if axis != 1:
         y = ops.moveaxis(y, 1, axis)
     return y
+
+
+def reverse_index(lengths, time):
+    """The `(batch, time)` gather index of `reverse_sequence`.
+
+    `reverse_sequence(x, lengths)` is `gather_time(x, reverse_index(lengths,
+    time))`; layers compute the index once and reuse it. Lengths are clipped
+    to `[0, time]`, so every index lies in `[0, time)`.
+
+    Example:
+
+    >>> reverse_index([3, 7, -1], time=4)
+    [[2, 1, 0, 3],
+     [3, 2, 1, 0],
+     [0, 1, 2, 3]]
+
+    Args:
+        lengths: Integer tensor of shape `(batch,)`.
+        time: Int or scalar integer tensor, the size of the time axis.
+
+    Returns:
+        An int32 tensor of shape `(batch, time)`.
+    """
+    if not isinstance(time, int):
+        time = ops.cast(time, "int32")
+    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
+    n = ops.expand_dims(ops.minimum(ops.maximum(lengths, 0), time), 1)
+    t = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
+    return ops.where(t < n, n - 1 - t, t)
 
 
 def sequence_mask(lengths, maxlen=None, dtype="bool"):
@@ -121,7 +166,8 @@ def sequence_mask(lengths, maxlen=None, dtype="bool"):
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
     if maxlen is None:
-        maxlen = ops.max(lengths)
+        # As tf.sequence_mask: all lengths <= 0 give a (batch, 0) mask.
+        maxlen = ops.maximum(ops.max(lengths), 0)
     t = ops.expand_dims(ops.arange(maxlen, dtype="int32"), 0)
     mask = t < ops.expand_dims(lengths, 1)
     return mask if dtype == "bool" else ops.cast(mask, dtype)
@@ -146,9 +192,7 @@ def lengths_from_mask(mask):
     Returns:
         An int32 tensor of shape `(batch,)`.
     """
-    mask = ops.convert_to_tensor(mask)
-    if mask.dtype != "bool":
-        mask = ops.not_equal(mask, 0)
+    mask = as_bool(mask)
     return ops.sum(ops.cast(mask, "int32"), axis=1)
 
 
@@ -207,9 +251,7 @@ def valid_first_order(mask):
         permutations, inverse of each other, and the int32 `(batch,)` count of
         valid steps per row.
     """
-    mask = ops.convert_to_tensor(mask)
-    if mask.dtype != "bool":
-        mask = ops.not_equal(mask, 0)
+    mask = as_bool(mask)
     m = ops.cast(mask, "int32")
     # Destination of each step: valid steps take slots 0..n-1 in order,
     # padded steps take slots n..T-1 in order. Both are running counts.

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from maskedrnn import MaskedBidirectional
+from maskedrnn import MaskedBidirectional, MaskedRNN
 
 BACKEND = keras.backend.backend()
 
@@ -25,21 +25,73 @@ def flat(outputs):
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
-def masked_pair(kind, units, features, **kw):
-    """(MaskedBidirectional, Keras' masked Bidirectional oracle) around the same
-    `kind` ("lstm" or "gru") layer, built on `(None, None, features)` with the
-    same weights. The oracle's inner layers use Keras' generic masked loop
-    (`use_cudnn=False`). `return_sequences` and `return_state` default to True.
+def lengths_to_mask(lengths, time):
+    """The right-padded boolean `(batch, time)` mask of `lengths` (numpy)."""
+    return np.arange(time)[None, :] < np.asarray(lengths)[:, None]
+
+
+def assert_close(actual, expected, atol=1e-5, rtol=1e-5):
+    """Every tensor of `actual` (a tensor or a list/tuple) equals the one of
+    `expected` at the same position, to `atol` + `rtol`."""
+    actual, expected = flat(actual), flat(expected)
+    assert len(actual) == len(expected), (len(actual), len(expected))
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=atol, rtol=rtol, err_msg=f"output {i}"
+        )
+
+
+def make_rnn(kind, units, oracle=False, **kw):
+    """A Keras RNN layer: `kind` is "lstm", "gru", "simple" (SimpleRNN) or
+    "rnn_cell" (`keras.layers.RNN(LSTMCell)`, a layer with no fused kernel).
+    `oracle=True` asks LSTM/GRU for Keras' generic masked loop
+    (`use_cudnn=False`)."""
+    if kind in ("lstm", "gru"):
+        cls = getattr(keras.layers, kind.upper())
+        return cls(units, use_cudnn=False if oracle else "auto", **kw)
+    if kind == "simple":
+        return keras.layers.SimpleRNN(units, **kw)
+    if kind == "rnn_cell":
+        return keras.layers.RNN(keras.layers.LSTMCell(units), **kw)
+    raise ValueError(kind)
+
+
+def oracle_pair(kind, units, features, wrapper="bidirectional", **kw):
+    """(ours, Keras' masked oracle) around the same `kind` layer (see
+    `make_rnn`), built on `(None, None, features)`, with the same weights.
+
+    `wrapper="bidirectional"`: `MaskedBidirectional` and
+    `keras.layers.Bidirectional`; `wrapper="rnn"`: `MaskedRNN` and the bare
+    Keras layer. The oracle's layers use Keras' generic masked loop
+    (`use_cudnn=False`). `kw` goes to the RNN layers (`merge_mode` to the
+    bidirectional wrappers).
     """
-    kw.setdefault("return_sequences", True)
-    kw.setdefault("return_state", True)
-    cls = getattr(keras.layers, kind.upper())
-    ref = keras.layers.Bidirectional(cls(units, use_cudnn=False, **kw))
+    merge = {"merge_mode": kw.pop("merge_mode")} if "merge_mode" in kw else {}
+    if wrapper == "bidirectional":
+        ref = keras.layers.Bidirectional(
+            make_rnn(kind, units, oracle=True, **kw), **merge
+        )
+        ours = MaskedBidirectional(make_rnn(kind, units, **kw), **merge)
+    elif wrapper == "rnn":
+        ref = make_rnn(kind, units, oracle=True, **kw)
+        ours = MaskedRNN(make_rnn(kind, units, **kw))
+    else:
+        raise ValueError(wrapper)
     ref.build((None, None, features))
-    ours = MaskedBidirectional(cls(units, **kw))
     ours.build((None, None, features))
     ours.set_weights(ref.get_weights())
     return ours, ref
+
+
+def masked_pair(kind, units, features, **kw):
+    """(MaskedBidirectional, Keras' masked Bidirectional oracle) around the same
+    `kind` ("lstm" or "gru") layer, built on `(None, None, features)` with the
+    same weights (`oracle_pair`). `return_sequences` and `return_state`
+    default to True.
+    """
+    kw.setdefault("return_sequences", True)
+    kw.setdefault("return_state", True)
+    return oracle_pair(kind, units, features, **kw)
 
 
 def loss_and_grads(layer, x, **call_kwargs):

@@ -48,7 +48,7 @@ from keras.src.layers.rnn import lstm as lstm_module
 from keras.src.layers.rnn import rnn as rnn_module
 
 from maskedrnn import MaskedBidirectional
-from maskedrnn.layers import masked_bidirectional as layer_module
+from maskedrnn.layers import kernels as kernels_module
 from tests.helpers import to_np
 
 BACKEND = keras.backend.backend()
@@ -175,7 +175,7 @@ def kernels(request, monkeypatch):
         if BACKEND != "torch":
             pytest.skip("only the torch backend has a second path to turn off")
         monkeypatch.setattr(
-            layer_module, "_native_reason", lambda inner, x: "turned off by a test"
+            kernels_module, "native_reason", lambda inner, x: "turned off by a test"
         )
         return "keras_layers"
     return "native" if native_kernels_here() else "keras_layers"

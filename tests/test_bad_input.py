@@ -360,17 +360,20 @@ def test_inputs_with_other_feature_size_than_built_raise_naming_inputs():
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_nan_in_padded_steps_gives_keras_outputs_and_keras_gradients(kind):
-    """Not an error: padding may hold anything. Outputs are finite and equal
-    Keras'; gradients are NaN exactly as in keras.layers.Bidirectional (its
-    masked loop and our unmasked kernel both differentiate through the padded
-    steps), so NaN padding is loud in training. Pad with zeros."""
+def test_nan_in_padded_steps_gives_the_results_of_zero_padding(kind):
+    """Not an error: padding may hold anything. Outputs equal Keras' and
+    gradients are finite and equal Keras' with the padding zeroed: ours
+    zeroes the padded steps before its RNN reads them. (Keras' own masked
+    loop differentiates through the padded steps and gives NaN gradients
+    here.) tests/test_masked_rnn.py covers inf and 3e38 too."""
     ours, ref = pair(kind)
     mask = np.ones((B, T), bool)
     mask[0, 3:] = False
     mask[1, :2] = False
     mask[3] = False
     x = inputs()
+    clean = x.copy()
+    clean[~mask] = 0.0
     x[~mask] = np.nan
     out = ours(x, mask=mask)
     assert all(np.all(np.isfinite(to_np(o))) for o in flat(out))
@@ -378,9 +381,10 @@ def test_nan_in_padded_steps_gives_keras_outputs_and_keras_gradients(kind):
     if BACKEND == "jax":
         return  # gradients on JAX eager cost ~20 s; the rule is backend-neutral
     _, g_ours = loss_and_grads(ours, x, mask=mask)
-    _, g_ref = loss_and_grads(ref, x, mask=mask)
+    _, g_ref = loss_and_grads(ref, clean, mask=mask)
     for a, b in zip(g_ours, g_ref):
-        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------ initial_state

@@ -409,3 +409,43 @@ def test_distance_to_end_checks_arguments(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         make_distance_to_end_task(**args)
+
+
+def test_spoken_digits_frames_spell_the_labels():
+    x, labels, lengths = datasets.make_spoken_digits_task(
+        50, max_digits=4, features=6, noise=0.0, padding="pre", seed=1
+    )
+    assert x.shape == (50, lengths.max(), 6) and labels.shape == (50, 4)
+    assert x.dtype == np.float32 and labels.dtype == np.int32
+    # Padding is exactly zero and in front ("pre"); silence is zero too
+    # without noise, so the non-silent runs of frames spell the digits.
+    prototypes = {}
+    for row, n, label in zip(x, lengths, labels):
+        assert not row[: len(row) - n].any()
+        spoken = []
+        for frame in row[len(row) - n :]:
+            if not frame.any():
+                spoken.append(None)
+                continue
+            # A digit's frames are positive multiples of its prototype.
+            unit = frame / np.linalg.norm(frame)
+            key = next(
+                (k for k, v in prototypes.items() if np.allclose(unit, v, atol=1e-5)),
+                len(prototypes),
+            )
+            prototypes.setdefault(key, unit)
+            spoken.append(key)
+        runs = [
+            k
+            for i, k in enumerate(spoken)
+            if k is not None and (i == 0 or spoken[i - 1] != k)
+        ]
+        digits = label[label > 0]
+        assert len(runs) == len(digits)
+        assert 1 <= len(digits) <= 4
+    # With noise, real frames are never all-zero (Masking keeps them).
+    x, _, lengths = datasets.make_spoken_digits_task(20, seed=2)
+    valid = np.arange(x.shape[1])[None] < lengths[:, None]
+    assert np.all(np.any(x != 0, axis=-1) == valid)
+    with pytest.raises(ValueError, match="max_digits must be an int >= 1; got 0"):
+        datasets.make_spoken_digits_task(3, max_digits=0)

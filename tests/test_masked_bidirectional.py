@@ -12,7 +12,7 @@ from keras import ops
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional
-from maskedrnn.layers import masked_bidirectional
+from maskedrnn.layers import kernels
 from tests.helpers import flat, loss_and_grads, run_layer_test, save_and_load, to_np
 
 B, T, D, U = 6, 7, 3, 4
@@ -231,9 +231,7 @@ def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
     on the fast path, through Embedding(mask_zero=True) and with lengths.
     (PyTorch's native kernels, the torch default on CPU, do not call the
     inner layers at all: turned off here; tests/test_backends.py covers them.)"""
-    monkeypatch.setattr(
-        masked_bidirectional, "_native_reason", lambda inner, x: "turned off"
-    )
+    monkeypatch.setattr(kernels, "native_reason", lambda inner, x: "turned off")
     assert MaskedBidirectional(make_cell_layer(kind)).uses_fast_path
     layer = MaskedBidirectional(make_cell_layer(kind, return_sequences=True))
     seen = _spy_masks(layer)
@@ -512,3 +510,62 @@ def test_bad_inputs_raise():
 
 def test_package_exports():
     assert maskedrnn.MaskedBidirectional is MaskedBidirectional
+
+
+def _lstm_forward_gru_backward(**kw):
+    return MaskedBidirectional(
+        keras.layers.LSTM(U, return_state=True, **kw),
+        backward_layer=keras.layers.GRU(
+            U + 1, return_state=True, go_backwards=True, **kw
+        ),
+    )
+
+
+def test_compute_mask_returns_one_mask_per_output_with_mixed_directions():
+    """Forward LSTM ([h, c]) + backward GRU ([h]): 1 + 2 + 1 outputs, so 4
+    masks (it counted the forward layer's states twice: 5)."""
+    layer = _lstm_forward_gru_backward(return_sequences=True)
+    x, mask = make_inputs(), mask_patterns()
+    outputs = flat(layer(x, mask=mask))
+    masks = layer.compute_mask(x, ops.convert_to_tensor(mask))
+    assert len(outputs) == len(masks) == 4
+    np.testing.assert_array_equal(to_np(masks[0]), mask)
+    assert masks[1:] == (None, None, None)
+
+
+def test_initial_state_of_mixed_directions_is_three_tensors_named_in_errors():
+    """Forward LSTM + backward GRU take 3 state tensors (it asked for 4):
+    h and c of the forward LSTM, then h of the backward GRU; errors say which
+    tensors, in which order, with their sizes. An all-padding row returns
+    its initial states."""
+    layer = _lstm_forward_gru_backward()
+    rng = np.random.default_rng(2)
+    states = [
+        rng.standard_normal((B, size)).astype("float32") for size in (U, U, U + 1)
+    ]
+    x, mask = make_inputs(), mask_patterns()
+    _, h_f, c_f, h_b = layer(x, mask=mask, initial_state=states)
+    for got, want in zip((h_f, c_f, h_b), states):
+        np.testing.assert_allclose(to_np(got)[3], want[3])  # all-padding row
+    with pytest.raises(
+        ValueError,
+        match=r"has 4 tensors but this layer needs 3, in this order: the forward "
+        r"LSTM's h \(batch, 4\), the forward LSTM's c \(batch, 4\), the backward "
+        r"GRU's h \(batch, 5\); got shapes",
+    ):
+        layer(x, initial_state=states + [states[0]])
+    with pytest.raises(
+        ValueError, match=r"initial_state\[2\] is the backward GRU's h .*got shape"
+    ):
+        layer(x, initial_state=states[:2] + [states[0]])
+
+
+def test_kernel_info_promises_no_fused_simple_rnn_kernel():
+    layer = MaskedBidirectional(keras.layers.SimpleRNN(U))
+    layer.build((None, None, D))
+    for sentence in layer.kernel_info().values():
+        if keras.backend.backend() == "torch":
+            assert "PyTorch's native SimpleRNN" in sentence
+        else:
+            assert "no backend has a fused SimpleRNN kernel" in sentence
+            assert "cuDNN" not in sentence

@@ -40,13 +40,14 @@ def _source(cell):
     return source if isinstance(source, str) else "".join(source)
 
 
-def test_there_are_five_notebooks():
+def test_there_are_six_notebooks():
     assert [p.name for p in NOTEBOOKS] == [
         "01_quickstart.ipynb",
         "02_speed.ipynb",
         "03_gpu_train_cpu_infer.ipynb",
         "04_weight_conversion.ipynb",
         "05_masked_loss_custom_loop.ipynb",
+        "06_ctc.ipynb",
     ]
 
 

@@ -185,3 +185,48 @@ def test_reverse_sequence_of_an_empty_batch_keeps_its_shape():
     x = np.zeros((0, 5, 2), "float32")
     y = to_np(mops.reverse_sequence(x, np.zeros((0,), "int32")))
     assert y.shape == (0, 5, 2)
+
+
+def test_reverse_sequence_clips_lengths_above_the_time_axis():
+    """As documented (and as tf.reverse_sequence's numpy reference): lengths
+    above the time axis reverse the whole row, negative ones nothing. Another
+    row's data, NaN or an IndexError would be wrong."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 5, 2)).astype("float32")
+    lengths = np.array([7, 5, -2, 100], "int32")
+    got = to_np(mops.reverse_sequence(x, lengths))
+    np.testing.assert_array_equal(got, np_reverse_sequence(x, lengths))
+    np.testing.assert_array_equal(got[0], x[0, ::-1])
+
+
+def test_reverse_index_matches_reverse_sequence_and_its_example():
+    np.testing.assert_array_equal(
+        to_np(mops.reverse_index([3, 7, -1], time=4)),
+        [[2, 1, 0, 3], [3, 2, 1, 0], [0, 1, 2, 3]],
+    )
+    x = np.random.default_rng(4).standard_normal((3, 4, 2)).astype("float32")
+    lengths = np.array([3, 7, -1], "int32")
+    np.testing.assert_array_equal(
+        to_np(mops.gather_time(x, mops.reverse_index(lengths, 4))),
+        np_reverse_sequence(x, lengths),
+    )
+
+
+def test_gather_time_matches_numpy_and_its_example():
+    x = [[[1.0], [2.0], [3.0]], [[4.0], [5.0], [6.0]]]
+    np.testing.assert_array_equal(
+        to_np(mops.gather_time(np.array(x, "float32"), [[2, 0, 1], [1, 1, 0]])),
+        [[[3.0], [1.0], [2.0]], [[5.0], [5.0], [4.0]]],
+    )
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((3, 6, 2, 2)).astype("float32")
+    index = rng.integers(0, 6, size=(3, 6)).astype("int32")
+    expected = np.stack([y[b, index[b]] for b in range(3)])
+    np.testing.assert_array_equal(to_np(mops.gather_time(y, index)), expected)
+    assert "gather_time" in mops.__all__
+
+
+def test_sequence_mask_with_all_lengths_negative_is_empty_like_tf():
+    mask = mops.sequence_mask(np.array([-1, -3], "int32"))
+    assert tuple(mask.shape) == (2, 0)
+    assert tuple(mops.sequence_mask(np.array([0, 0], "int32")).shape) == (2, 0)

@@ -1,3 +1,4 @@
 from maskedrnn.layers.masked_bidirectional import MaskedBidirectional
+from maskedrnn.layers.masked_rnn import MaskedRNN
 
-__all__ = ["MaskedBidirectional"]
+__all__ = ["MaskedBidirectional", "MaskedRNN"]

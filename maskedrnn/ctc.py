@@ -1,0 +1,541 @@
+"""CTC on masked outputs: a loss and a decoder that read each row's valid frames.
+
+`keras.losses.CTC` in Keras 3.15.1 cannot train a masked model: `fit` fails
+when `y_pred` carries a Keras mask (Keras multiplies the per-sequence loss by
+the `(batch, time)` mask, keras-team/keras#23228), and without the mask every
+row's logit length is the full padded length, so padded frames are scored as
+speech. Here the valid frames of each row (wherever the mask puts them: right
+padding, left padding, holes) are gathered to the front in order, and their
+count is the row's logit length, as `input_lengths` is in
+`torch.nn.functional.ctc_loss`.
+
+* `MaskedCTC`: the loss (a registered `keras.losses.Loss`).
+* `masked_ctc`: the per-row values as a function, for custom loops.
+* `ctc_decode`: `keras.ops.ctc_decode` on the valid frames.
+* `ctc_ids_to_text`: decoded (or label) ids to lists of ids or strings.
+* `character_error_rate`: edit distance over reference length.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from maskedrnn import _backend, _checks
+from maskedrnn import ops as mops
+from maskedrnn._keras_private import get_keras_mask, reduce_weighted_values
+
+__all__ = [
+    "MaskedCTC",
+    "masked_ctc",
+    "ctc_decode",
+    "ctc_ids_to_text",
+    "character_error_rate",
+]
+
+def _static(dim):
+    return dim if isinstance(dim, int) else None
+
+
+def _check_logits(y_pred, what="y_pred"):
+    if len(y_pred.shape) != 3:
+        raise ValueError(
+            f"{what} must be logits of shape (batch, time, classes); got shape "
+            f"{tuple(y_pred.shape)}."
+        )
+
+
+def _check_mask(mask, y_pred):
+    """Validates a `(batch, time)` mask against `y_pred`, returns it as bool."""
+    mask = ops.convert_to_tensor(mask)
+    if len(mask.shape) != 2:
+        raise ValueError(
+            "The mask of y_pred must have shape (batch, time); got shape "
+            f"{tuple(mask.shape)}."
+        )
+    mask = _checks.match_leading_dims(mask, y_pred, 2, "mask")
+    if keras.backend.standardize_dtype(mask.dtype) != "bool":
+        mask = ops.not_equal(mask, 0)
+    return mask
+
+
+def _compact(y_pred, mask):
+    """Valid frames first, in order, zeros after them; and their counts.
+
+    The padded frames are replaced by zeros (not only moved), so that NaN or
+    Inf there can reach neither the loss nor its gradient.
+    """
+    order, _, counts = mops.valid_first_order(mask)
+    compact = mops.gather_time(y_pred, order)
+    valid = mops.sequence_mask(counts, ops.shape(y_pred)[1])
+    compact = ops.where(ops.expand_dims(valid, -1), compact, ops.zeros_like(compact))
+    return compact, counts
+
+
+def _labels(y_true, y_pred):
+    """Checks the labels; returns `(labels, label_lengths, bad_rows)`.
+
+    `labels` are int32 with the non-zero ids moved to the front of each row
+    (in order) and zeros after them. Rows holding an id outside
+    `[0, classes)` raise a `ValueError` when the values are concrete; in
+    compiled code they are flagged in `bad_rows` and their ids set to 0.
+    """
+    y_true = ops.convert_to_tensor(y_true)
+    if len(y_true.shape) != 2:
+        raise ValueError(
+            "y_true must be integer labels of shape (batch, max_label_length), "
+            f"padded with 0; got shape {tuple(y_true.shape)}."
+        )
+    b_true, b_pred = _static(y_true.shape[0]), _static(y_pred.shape[0])
+    if b_true is not None and b_pred is not None and b_true != b_pred:
+        raise ValueError(
+            f"y_true has {b_true} rows but y_pred has {b_pred} (batch dimension); "
+            f"got y_true of shape {tuple(y_true.shape)} and y_pred of shape "
+            f"{tuple(y_pred.shape)}."
+        )
+    y_true = ops.cast(y_true, "int32")
+    classes = ops.shape(y_pred)[2]
+    if _backend.is_concrete(y_true) and _static(classes) is not None:
+        values = ops.convert_to_numpy(y_true)
+        if values.size and values.min() < 0:
+            raise ValueError(
+                "y_true must hold label ids >= 0 padded with 0 (0 is the blank); "
+                f"got min(y_true)={values.min()}. Pad labels with 0, not -1."
+            )
+        if values.size and values.max() >= classes:
+            raise ValueError(
+                f"y_true has label id {values.max()} but y_pred has {classes} "
+                f"classes (ids 0 to {classes - 1}, 0 the blank); got "
+                f"max(y_true)={values.max()}. Give the last Dense layer one "
+                "unit per label id plus one for the blank."
+            )
+    in_range = ops.logical_and(y_true >= 0, y_true < ops.cast(classes, "int32"))
+    bad_rows = ops.logical_not(ops.all(in_range, axis=1))
+    y_true = ops.where(in_range, y_true, ops.zeros_like(y_true))
+    order, _, label_lengths = mops.valid_first_order(ops.not_equal(y_true, 0))
+    labels = mops.gather_time(y_true, order)
+    keep = mops.sequence_mask(label_lengths, ops.shape(y_true)[1])
+    labels = ops.where(keep, labels, ops.zeros_like(labels))
+    return labels, label_lengths, bad_rows
+
+
+def _min_frames(labels, label_lengths):
+    """Fewest frames that can emit each row: one per label plus one blank
+    between each pair of equal neighbours."""
+    if _static(labels.shape[1]) == 0:
+        return label_lengths
+    same = ops.logical_and(
+        ops.equal(labels[:, 1:], labels[:, :-1]), ops.not_equal(labels[:, 1:], 0)
+    )
+    return label_lengths + ops.sum(ops.cast(same, "int32"), axis=1)
+
+
+def masked_ctc(
+    y_true, y_pred, mask=None, lengths=None, zero_infinity=False, dtype=None
+):
+    """Per-row CTC loss over each row's valid frames, for custom loops.
+
+    The values `MaskedCTC(reduction="none")` gives, with the valid frames
+    given explicitly (a model called in a custom loop may return no Keras
+    mask): `mask`, else `lengths`, else the Keras mask attached to `y_pred`,
+    else every frame.
+
+    Args:
+        y_true: Integer labels of shape `(batch, max_label_length)`, padded
+            with 0 (the blank). Zeros between labels are skipped.
+        y_pred: Logits of shape `(batch, time, classes)`, not softmaxed;
+            class 0 is the blank.
+        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True
+            at valid frames (any pattern). Defaults to `None`.
+        lengths: Optional integer tensor of shape `(batch,)`: rows are
+            right-padded and row `i` has `lengths[i]` valid frames. Do not
+            pass both `mask` and `lengths`. Values outside `[0, time]` raise
+            a `ValueError` in eager code and are clipped in compiled code.
+            Defaults to `None`.
+        zero_infinity: Bool, whether infeasible rows give 0 instead of
+            `inf`. Defaults to `False`.
+        dtype: Dtype of the computation. Defaults to `None`
+            (`keras.backend.floatx()`).
+
+    Returns:
+        A `(batch,)` tensor of negative log-likelihoods: `inf` (or 0 with
+        `zero_infinity`) for rows whose labels need more frames than the row
+        has, NaN for rows with a label id outside `[0, classes)` in compiled
+        code (eager code raises a `ValueError` instead).
+
+    Example:
+
+    >>> logits = model(x)  # (batch, time, classes), no Keras mask
+    >>> loss = ops.mean(masked_ctc(y_true, logits, lengths=frame_counts))
+    """
+    if mask is not None and lengths is not None:
+        raise ValueError(
+            "Pass either mask or lengths to masked_ctc, not both (lengths=L is "
+            "the same as mask=sequence_mask(L, time))."
+        )
+    if mask is None and lengths is None:
+        mask = get_keras_mask(y_pred)
+    dtype = dtype or keras.backend.floatx()
+    y_pred = ops.convert_to_tensor(y_pred, dtype=dtype)
+    _check_logits(y_pred)
+    labels, label_lengths, bad_rows = _labels(y_true, y_pred)
+    if mask is not None:
+        y_pred, counts = _compact(y_pred, _check_mask(mask, y_pred))
+    elif lengths is not None:
+        counts = _check_lengths(lengths, y_pred)
+        valid = mops.sequence_mask(counts, ops.shape(y_pred)[1])
+        y_pred = ops.where(ops.expand_dims(valid, -1), y_pred, ops.zeros_like(y_pred))
+    else:
+        counts = ops.full((ops.shape(y_pred)[0],), ops.shape(y_pred)[1], "int32")
+    infeasible = counts < _min_frames(labels, label_lengths)
+    # Infeasible rows are computed with an empty label (a finite value whose
+    # gradient the select below stops), so that no backend's inf, NaN or
+    # large-finite stand-in (JAX's log-epsilon) reaches the result or the
+    # gradient.
+    skip = ops.logical_or(infeasible, bad_rows)
+    safe_labels = ops.where(ops.expand_dims(skip, 1), ops.zeros_like(labels), labels)
+    safe_lengths = ops.where(skip, ops.zeros_like(label_lengths), label_lengths)
+    values = ops.ctc_loss(safe_labels, y_pred, safe_lengths, counts, mask_index=0)
+    values = ops.cast(values, dtype)
+    fill = 0.0 if zero_infinity else float("inf")
+    values = ops.where(infeasible, ops.full_like(values, fill), values)
+    return ops.where(bad_rows, ops.full_like(values, float("nan")), values)
+
+
+@keras.saving.register_keras_serializable(package="maskedrnn")
+class MaskedCTC(keras.losses.Loss):
+    """CTC loss over each row's valid frames, with the mask of `y_pred`.
+
+    The conventions of `keras.losses.CTC`: `y_true` holds integer labels
+    padded with 0, `y_pred` holds logits (not softmaxed) and class 0 is the
+    blank. When `y_pred` carries a Keras mask (from `Masking`,
+    `Embedding(mask_zero=True)` or a `MaskedBidirectional` that was fed one),
+    each row's valid frames are gathered to the front, in order, and the
+    row's loss is the CTC negative log-likelihood of its labels over those
+    frames only: the number of valid frames is the row's logit length, as
+    `input_lengths` in `torch.nn.functional.ctc_loss`. Any mask pattern works
+    (right padding, left padding as `pad_sequences` makes it, holes). Without
+    a mask every frame counts and the value equals `keras.losses.CTC()`
+    (for every row that has a path; see below).
+
+    Keras 3.15.1's own `keras.losses.CTC` fails in `fit` on a masked output
+    (it multiplies the per-row loss by the `(batch, time)` mask,
+    keras-team/keras#23228) and, with the mask dropped, scores the padded
+    frames as speech.
+
+    Rows whose labels need more frames than they have (one per label plus a
+    blank between equal neighbours) give `inf` on every backend, as in
+    PyTorch (Keras 3.15.1's CTC gives a large finite number there on
+    TensorFlow and JAX); `zero_infinity=True` gives
+    0. Either way such rows pass no gradient. A label id outside
+    `[0, classes)` raises a `ValueError` when the values can be read (eager
+    TensorFlow, PyTorch, JAX outside `jit`); in compiled code (`fit` in a
+    `tf.function`, XLA, `jax.jit`, `torch.compile`) the row's loss is NaN,
+    which `fit` reports and `keras.callbacks.TerminateOnNaN` stops on, and
+    the row passes no gradient.
+
+    Args:
+        zero_infinity: Bool, whether infeasible rows give 0 instead of
+            `inf` (as `torch.nn.CTCLoss(zero_infinity=True)`). Defaults to
+            `False`.
+        reduction: Type of reduction, as in `keras.losses.Loss`: `"sum"`,
+            `"sum_over_batch_size"` (the mean over rows), `"mean"`,
+            `"mean_with_sample_weight"`, `"none"` or `None` (one value per
+            row). Defaults to `"sum_over_batch_size"`.
+        name: Name of the loss instance. Defaults to `"masked_ctc"`.
+        dtype: Dtype of the loss computation, as in `keras.losses.Loss`.
+            Defaults to `None` (`keras.backend.floatx()`).
+
+    Call arguments:
+        y_true: Integer labels of shape `(batch, max_label_length)`, padded
+            with 0. Zeros between labels are skipped.
+        y_pred: Logits of shape `(batch, time, classes)`, possibly carrying a
+            `(batch, time)` Keras mask.
+        sample_weight: Optional per-row weights of shape `(batch,)`.
+
+    Returns:
+        A scalar, or one value per row `(batch,)` for `reduction="none"`.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((None, 20))
+    x = keras.layers.Masking()(inputs)
+    x = maskedrnn.MaskedBidirectional(
+        keras.layers.GRU(64, return_sequences=True))(x)
+    logits = keras.layers.Dense(num_labels + 1)(x)  # + 1: the blank, id 0
+    model = keras.Model(inputs, logits)
+    model.compile(optimizer="adam", loss=maskedrnn.MaskedCTC())
+    ```
+    """
+
+    def __init__(
+        self,
+        zero_infinity=False,
+        reduction="sum_over_batch_size",
+        name="masked_ctc",
+        dtype=None,
+    ):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        if not isinstance(zero_infinity, bool):
+            raise TypeError(
+                f"zero_infinity must be True or False; got {zero_infinity!r}."
+            )
+        self.zero_infinity = zero_infinity
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        mask = get_keras_mask(y_pred)
+        with keras.name_scope(self.name):
+            values = masked_ctc(
+                y_true,
+                y_pred,
+                mask=mask,
+                zero_infinity=self.zero_infinity,
+                dtype=self.dtype,
+            )
+            if sample_weight is not None:
+                sample_weight = ops.convert_to_tensor(sample_weight, self.dtype)
+                if len(sample_weight.shape) == 2 and sample_weight.shape[1] == 1:
+                    sample_weight = ops.squeeze(sample_weight, 1)
+                if len(sample_weight.shape) != 1:
+                    raise ValueError(
+                        "MaskedCTC takes one sample weight per row, of shape "
+                        f"(batch,); got sample_weight of shape "
+                        f"{tuple(sample_weight.shape)}."
+                    )
+            return reduce_weighted_values(
+                values,
+                sample_weight=sample_weight,
+                reduction=self.reduction,
+                dtype=self.dtype,
+            )
+
+    def call(self, y_true, y_pred):
+        """Per-row values, `(batch,)`, with the Keras mask of `y_pred`."""
+        return masked_ctc(
+            y_true,
+            y_pred,
+            mask=get_keras_mask(y_pred),
+            zero_infinity=self.zero_infinity,
+            dtype=self.dtype,
+        )
+
+    def get_config(self):
+        return {
+            "zero_infinity": self.zero_infinity,
+            "reduction": self.reduction,
+            "name": self.name,
+            "dtype": self._dtype_policy.name,
+        }
+
+
+def _check_lengths(lengths, y_pred):
+    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
+    lengths = _checks.match_leading_dims(lengths, y_pred, 1, "lengths")
+    time = ops.shape(y_pred)[1]
+    if _backend.is_concrete(lengths):
+        values = ops.convert_to_numpy(lengths)
+        if values.size and values.min() < 0:
+            raise ValueError(f"lengths must be >= 0; got min(lengths)={values.min()}.")
+        if _static(time) is not None and values.size and values.max() > time:
+            raise ValueError(
+                f"lengths has a value {values.max()} longer than the time axis of "
+                f"y_pred ({time}); clip lengths or pad y_pred."
+            )
+    # Compiled code cannot raise: lengths are clipped to [0, time].
+    return _checks.clamp_lengths(lengths, time)
+
+
+def ctc_decode(
+    y_pred,
+    mask=None,
+    lengths=None,
+    strategy="greedy",
+    beam_width=100,
+    top_paths=1,
+    merge_repeated=True,
+):
+    """Decodes CTC logits over each row's valid frames.
+
+    Returns exactly what `keras.ops.ctc_decode` returns for the valid-first
+    logits (each row's valid frames gathered to the front, in order) with
+    `sequence_lengths` = the number of valid frames, blank 0. Which frames
+    are valid: `mask` if given, else `lengths` (right padding), else the
+    Keras mask attached to `y_pred` (eager outputs of a masked model carry
+    one), else all of them.
+
+    Args:
+        y_pred: Logits (or log-probabilities) of shape
+            `(batch, time, classes)`; class 0 is the blank.
+        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
+            valid frames (any pattern). Defaults to `None`.
+        lengths: Optional integer tensor of shape `(batch,)`: rows are
+            right-padded and row `i` has `lengths[i]` valid frames. Do not
+            pass both `mask` and `lengths`. Values outside `[0, time]` raise
+            a `ValueError` in eager code and are clipped in compiled code.
+            Defaults to `None`.
+        strategy: `"greedy"` or `"beam_search"`, as in
+            `keras.ops.ctc_decode`. Defaults to `"greedy"`.
+        beam_width: Int, the beam width of `"beam_search"`. Defaults to
+            `100`.
+        top_paths: Int, how many paths `"beam_search"` returns. Defaults to
+            `1`.
+        merge_repeated: Bool, whether repeated labels are merged. Defaults
+            to `True`.
+
+    Returns:
+        A tuple `(decoded, scores)` as `keras.ops.ctc_decode` returns it:
+        `decoded` of shape `(top_paths, batch, time)` with label ids, padded
+        with `-1` (`top_paths` is 1 for greedy), and `scores` of shape
+        `(batch, top_paths)`. Turn `decoded` into strings with
+        `ctc_ids_to_text`.
+
+    Example:
+
+    >>> logits = model.predict(x)                  # (batch, time, classes)
+    >>> decoded, _ = ctc_decode(logits, mask=x_mask)
+    >>> ctc_ids_to_text(decoded[0], vocabulary=char_to_num)
+    ['hello', 'world']
+    """
+    if mask is not None and lengths is not None:
+        raise ValueError(
+            "Pass either mask or lengths to ctc_decode, not both (lengths=L is "
+            "the same as mask=sequence_mask(L, time))."
+        )
+    if mask is None and lengths is None:
+        mask = get_keras_mask(y_pred)
+    y_pred = ops.convert_to_tensor(y_pred)
+    _check_logits(y_pred)
+    if mask is not None:
+        y_pred, counts = _compact(y_pred, _check_mask(mask, y_pred))
+    elif lengths is not None:
+        counts = _check_lengths(lengths, y_pred)
+    else:
+        counts = ops.full((ops.shape(y_pred)[0],), ops.shape(y_pred)[1], "int32")
+    return ops.ctc_decode(
+        y_pred,
+        counts,
+        strategy=strategy,
+        beam_width=beam_width,
+        top_paths=top_paths,
+        merge_repeated=merge_repeated,
+        mask_index=0,
+    )
+
+
+def _vocabulary_list(vocabulary):
+    if hasattr(vocabulary, "get_vocabulary"):  # StringLookup, IntegerLookup
+        return [str(token) for token in vocabulary.get_vocabulary()]
+    if isinstance(vocabulary, str):
+        return list(vocabulary)
+    if isinstance(vocabulary, dict):
+        return vocabulary
+    if isinstance(vocabulary, (list, tuple)):
+        return [str(token) for token in vocabulary]
+    raise TypeError(
+        "vocabulary must be None, a list of tokens indexed by id, a string of "
+        "characters, a dict {id: token} or a keras.layers.StringLookup; got "
+        f"{type(vocabulary).__name__}."
+    )
+
+
+def ctc_ids_to_text(ids, vocabulary=None, separator=""):
+    """Turns padded label ids into lists of ids or strings.
+
+    Drops the `-1` padding of `ctc_decode`'s output and the 0 of the blank
+    (which also pads `y_true`), so the same call turns decoded paths and
+    reference labels into comparable strings.
+
+    Args:
+        ids: Integer array or tensor of shape `(batch, length)` (e.g.
+            `decoded[0]` from `ctc_decode`, or `y_true`), or
+            `(top_paths, batch, length)`.
+        vocabulary: `None` (return lists of ids), a list of tokens indexed
+            by id (index 0 is the blank), a string of characters indexed the
+            same way, a dict `{id: token}`, or a `keras.layers.StringLookup`
+            (its `get_vocabulary()`: with the default single OOV token at
+            index 0, that index is the blank, as in keras-io's CTC
+            examples). Defaults to `None`.
+        separator: String placed between tokens. Defaults to `""`
+            (characters); use `" "` for words.
+
+    Returns:
+        A list with one entry per row (a list of ints, or a string with a
+        vocabulary), or a list of such lists for rank-3 `ids`.
+
+    Example:
+
+    >>> ctc_ids_to_text([[3, 1, -1], [2, -1, -1]], vocabulary="-abc")
+    ['ca', 'b']
+    """
+    if isinstance(ids, (list, tuple)):
+        array = np.asarray(ids)
+    else:
+        array = np.asarray(ops.convert_to_numpy(ids))
+    if array.ndim == 3:
+        return [ctc_ids_to_text(path, vocabulary, separator) for path in array]
+    if array.ndim != 2:
+        raise ValueError(
+            "ids must have shape (batch, length) or (top_paths, batch, length); "
+            f"got shape {array.shape}."
+        )
+    rows = [[int(i) for i in row if i > 0] for row in array]
+    if vocabulary is None:
+        return rows
+    tokens = _vocabulary_list(vocabulary)
+    texts = []
+    for row in rows:
+        for i in row:
+            if (isinstance(tokens, dict) and i not in tokens) or (
+                not isinstance(tokens, dict) and i >= len(tokens)
+            ):
+                raise ValueError(
+                    f"ids holds id {i}, which the vocabulary of {len(tokens)} "
+                    "tokens does not have; pass the vocabulary the labels were "
+                    f"made with. Got ids of shape {array.shape}."
+                )
+        texts.append(separator.join(str(tokens[i]) for i in row))
+    return texts
+
+
+def _edit_distance(a, b):
+    previous = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        current = [i]
+        for j, y in enumerate(b, 1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y))
+            )
+        previous = current
+    return previous[-1]
+
+
+def character_error_rate(references, hypotheses):
+    """Total edit distance over total reference length (the corpus CER).
+
+    Args:
+        references: List of the true sequences (strings or lists of ids).
+        hypotheses: List of the decoded sequences, one per reference.
+
+    Returns:
+        A float: the Levenshtein distances (insertions, deletions and
+        substitutions, each costing 1) summed over the rows, divided by the
+        summed reference lengths.
+
+    Example:
+
+    >>> character_error_rate(["abc", "de"], ["abd", "de"])
+    0.2
+    """
+    if len(references) != len(hypotheses):
+        raise ValueError(
+            "references and hypotheses must have one entry each per row; got "
+            f"{len(references)} references and {len(hypotheses)} hypotheses."
+        )
+    total = sum(len(r) for r in references)
+    if total == 0:
+        raise ValueError(
+            "character_error_rate needs at least one reference token; got "
+            "only empty references."
+        )
+    errors = sum(_edit_distance(r, h) for r, h in zip(references, hypotheses))
+    return errors / total

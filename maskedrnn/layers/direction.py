@@ -1,0 +1,218 @@
+"""Run one direction of a masked batch on an unmasked RNN.
+
+The shared core of `MaskedBidirectional` and `MaskedRNN`. A masked batch is
+described once per call by a `Steps` (lengths and the indices derived from
+them). Each direction then:
+
+1. reads *valid-first* data: each row's valid steps moved to the front in
+   order (`Steps.order`, one gather; none when the caller passes `lengths`),
+   or reversed by the row's own length (`Steps.reverse`) for a backward
+   direction, so it reads `3 2 1`, not `0 0 3 2 1`;
+2. zeroes the padded tail of that input, so padding never matters (inf or
+   NaN there cannot reach outputs or gradients);
+3. runs the inner RNN with no Keras mask, on the kernel `kernels.choose`
+   picks (fused, PyTorch native, or Keras' masked loop for layers that have
+   no fused kernel);
+4. reads its states after each row's last valid step (`final_state`).
+
+The caller places the per-step outputs back (`in_place` for the zeros-at-
+padding convention of `Bidirectional`, `held` for Keras' `RNN` convention
+that a masked step repeats the last valid output).
+"""
+
+import keras
+from keras import ops
+
+from maskedrnn import ops as mops
+from maskedrnn.layers import final_state, kernels
+
+
+class Steps:
+    """Everything a call derives from its lengths, computed once.
+
+    Attributes:
+        time: The size of the time axis (int, or a scalar tensor when it is
+            unknown until run time).
+        lengths: Int32 `(batch,)`, the number of valid steps of each row, in
+            `[0, time]`.
+        order: Int32 `(batch, time)` time gather from the caller's order to
+            valid-first, or None when the data is valid-first already.
+        inverse: The inverse permutation of `order` (None with it).
+        valid: Bool `(batch, time)`: the valid steps of valid-first data
+            (`sequence_mask(lengths, time)`).
+        has_steps: Bool `(batch, 1)`: `lengths > 0`.
+        last: Int32 `(batch,)`: `max(lengths - 1, 0)`, each row's last valid
+            step in valid-first data.
+        reverse: Int32 `(batch, time)`: the gather index that reverses each
+            row's first `lengths` steps (`ops.reverse_index`).
+    """
+
+    def __init__(self, lengths, time, order=None, inverse=None):
+        self.time = time
+        self.lengths = lengths
+        self.order = order
+        self.inverse = inverse
+        self.valid = mops.sequence_mask(lengths, time)
+        self.has_steps = ops.expand_dims(lengths > 0, -1)
+        self.last = ops.maximum(lengths - 1, 0)
+        self._reverse = None
+
+    @property
+    def reverse(self):
+        if self._reverse is None:
+            self._reverse = mops.reverse_index(self.lengths, self.time)
+        return self._reverse
+
+    @classmethod
+    def from_lengths(cls, lengths, time):
+        """Right-padded data: row `i` has `lengths[i]` valid steps (int32,
+        already checked and clipped to `[0, time]`)."""
+        return cls(lengths, time)
+
+    @classmethod
+    def from_mask(cls, mask):
+        """Any boolean `(batch, time)` mask (left padding, holes, ...)."""
+        order, inverse, lengths = mops.valid_first_order(mask)
+        return cls(lengths, ops.shape(mask)[1], order, inverse)
+
+    @classmethod
+    def full(cls, batch, time):
+        """No mask and no lengths: every step of every row is valid."""
+        return cls(ops.full((batch,), time, dtype="int32"), time)
+
+    def valid_first(self, x):
+        """`x` in valid-first order (no copy when it already is)."""
+        return x if self.order is None else mops.gather_time(x, self.order)
+
+
+def zero_padding(x, steps):
+    """`x` (valid-first) with zeros at every padded step."""
+    valid = ops.expand_dims(steps.valid, -1)
+    return ops.where(valid, x, ops.zeros_like(x))
+
+
+def run(inner, x, steps, initial_state=None, training=None, want_states=True):
+    """Runs `inner` over valid-first `x`; returns `(outputs, states)`.
+
+    Args:
+        inner: The inner RNN, returning sequences and states, reading
+            forward (`go_backwards=False`), built.
+        x: Valid-first float tensor `(batch, time, features)`, in the order
+            this direction reads it.
+        steps: The `Steps` of the batch.
+        initial_state: Optional list of initial state tensors.
+        training: Python boolean or None (dropout).
+        want_states: Whether the caller needs the final states; when False
+            the state work is skipped and `states` is `[]`.
+
+    Returns:
+        `outputs`: `(batch, time, units)`, exact at each row's valid steps
+        (the padded tail holds whatever the RNN computed there, never read
+        by the callers); `states`: the states after each row's last valid
+        step (the initial state for a row with no valid step).
+    """
+    x = zero_padding(x, steps)
+    cell = inner.cell
+    runner, _ = kernels.choose(inner, x)
+    if runner is not kernels.run_keras_masked and training and cell.dropout:
+        # Input dropout applied here, one mask for all steps (as the fused
+        # LSTM/GRU paths and SimpleRNN's cell do), so that the LSTM state
+        # recomputation and PyTorch's kernels see the same dropped x.
+        dp_mask = cell.get_dropout_mask(x[:, 0, :])
+        cell.reset_dropout_mask()
+        x = x * ops.expand_dims(dp_mask, 1)
+        training = False
+    if initial_state is None:
+        batch = ops.shape(x)[0]
+        initial_state = [
+            ops.zeros((batch, size), dtype=inner.compute_dtype)
+            for size in state_sizes(inner)
+        ]
+    y, states = runner(inner, x, initial_state, training, steps.valid)
+    if not want_states:
+        return y, []
+    if states is None:
+        states = final_state.states_at_length(inner, x, y, initial_state, steps)
+    return y, states
+
+
+def in_place(y, steps):
+    """Valid-first outputs back at the caller's positions, zeros at padding
+    (the `Bidirectional` convention)."""
+    valid = ops.expand_dims(steps.valid, -1)
+    y = ops.where(valid, y, ops.zeros_like(y))
+    if steps.inverse is not None:
+        # The padded positions receive the zeros from the tail.
+        y = mops.gather_time(y, steps.inverse)
+    return y
+
+
+def last_output(y, steps):
+    """The output at each row's last valid step; zeros for an empty row."""
+    y = final_state.take_at(y, steps.last)
+    return ops.where(steps.has_steps, y, ops.zeros_like(y))
+
+
+def held(y, read_mask, zero_output_for_mask=False):
+    """Valid-first outputs placed as Keras' `RNN` returns them under a mask.
+
+    Position `t` (in the order the layer reads) gets the output of the last
+    valid step at or before `t`: the output itself at a valid step, the last
+    valid output repeated at a masked one, zeros before the first valid step.
+    With `zero_output_for_mask=True`, zeros at every masked step.
+
+    Args:
+        y: Valid-first outputs `(batch, time, units)`.
+        read_mask: Bool `(batch, time)`, the mask in the order the layer
+            reads (flipped for `go_backwards=True`).
+        zero_output_for_mask: Bool, the wrapped layer's setting.
+    """
+    m = ops.cast(read_mask, "int32")
+    hold = ops.cumsum(m, axis=1) - 1
+    out = mops.gather_time(y, ops.maximum(hold, 0))
+    keep = hold >= 0
+    if zero_output_for_mask:
+        keep = ops.logical_and(keep, read_mask)
+    return ops.where(ops.expand_dims(keep, -1), out, ops.zeros_like(out))
+
+
+def state_sizes(inner):
+    """The sizes of the states of `inner` (`[units, units]` for an LSTM)."""
+    state_size = inner.cell.state_size
+    if isinstance(state_size, (list, tuple)):
+        return list(state_size)
+    return [state_size]
+
+
+def state_names(inner):
+    """Names of the states of `inner` for messages: `["h", "c"]` for an
+    LSTM, `["h"]` for a GRU or SimpleRNN, `["state 0", ...]` otherwise."""
+    sizes = state_sizes(inner)
+    if isinstance(inner, keras.layers.LSTM):
+        return ["h", "c"]
+    if isinstance(inner, (keras.layers.GRU, keras.layers.SimpleRNN)):
+        return ["h"]
+    return [f"state {i}" for i in range(len(sizes))]
+
+
+def output_size(inner):
+    """The size of the last axis of the outputs of `inner`."""
+    size = getattr(inner.cell, "output_size", None)
+    return size if size is not None else state_sizes(inner)[0]
+
+
+def inner_copy(layer, name):
+    """A fresh copy of `layer` that returns its whole sequence and its states,
+    reading forward (`go_backwards=False`), with no weights shared."""
+    config = keras.saving.serialize_keras_object(layer)
+    inner_config = config["config"]
+    inner_config["name"] = name
+    inner_config["return_sequences"] = True
+    inner_config["return_state"] = True
+    inner_config["go_backwards"] = False
+    inner = keras.saving.deserialize_keras_object(config)
+    # `use_cudnn` is not part of the config (as in keras.layers.Bidirectional).
+    if hasattr(layer, "use_cudnn"):
+        inner.use_cudnn = layer.use_cudnn
+    kernels.use_generic_gru_loop(inner)
+    return inner

@@ -1,0 +1,154 @@
+"""Which code computes one direction of a masked RNN, and why.
+
+`choose(inner, where)` returns `(runner, reason)`: the function that runs the
+inner RNN over valid-first data and a sentence saying what it is and why it
+was chosen (what `kernel_info()` reports). The runners, fastest first:
+
+- `run_torch_native`: PyTorch's own `torch.lstm`/`gru`/`rnn_tanh`/`rnn_relu`
+  (torch backend on CPU, where Keras would step through time in Python;
+  `maskedrnn._torch_kernels`, the one torch-specific module);
+- `run_keras_unmasked`: the Keras inner layer called with no mask, so its
+  backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; JAX's GRU scan).
+  On a JAX CPU a GRU is sent to Keras' generic loop instead (faster there,
+  `_backend.prefers_generic_gru_loop`). No backend has a fused SimpleRNN
+  kernel: an unmasked SimpleRNN runs Keras' generic step loop;
+- `run_keras_masked`: the Keras inner layer with a right-padded mask, for
+  layers that have no fused kernel to keep (`keras.layers.RNN(cell)`, custom
+  cells, `recurrent_dropout > 0`) and for one Keras bug (float64 SimpleRNN
+  on JAX). Exact, and it returns the states itself.
+
+Every runner takes `(inner, x, initial_state, training, valid)`, where `x` is
+valid-first and `valid` its right-padded `(batch, time)` mask, and returns
+`(outputs, states)`: `states` is None when the caller must compute them at
+each row's length (`final_state.states_at_length`).
+"""
+
+import keras
+
+from maskedrnn import _backend
+from maskedrnn._keras_private import get_keras_mask
+
+# Layers whose per-step output *is* their hidden state h: for them the final
+# state can be read off the unmasked output sequence at each row's last valid
+# step (LSTM's cell state c is recomputed, see `final_state`).
+UNMASKED_TYPES = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
+
+
+def torch_kernels():
+    """The torch-only module, imported on the torch backend only."""
+    from maskedrnn import _torch_kernels
+
+    return _torch_kernels
+
+
+def native_reason(inner, where):
+    """None when `inner` runs on PyTorch's native kernel for data on the
+    device of `where` (a tensor or variable), else a sentence saying why not."""
+    if keras.backend.backend() != "torch":
+        return f"the {keras.backend.backend()} backend (PyTorch kernels: torch only)"
+    return torch_kernels().unavailable_reason(inner, where)
+
+
+def masked_reason(inner):
+    """None when `inner` can run unmasked, else why it gets a mask."""
+    name = type(inner).__name__
+    if type(inner) not in UNMASKED_TYPES:
+        return f"{name} is not LSTM, GRU or SimpleRNN (no fused kernel to keep)"
+    if inner.cell.recurrent_dropout:
+        return "recurrent_dropout > 0 (no fused kernel has it)"
+    if (
+        keras.backend.backend() == "jax"
+        and type(inner) is keras.layers.SimpleRNN
+        and inner.cell.compute_dtype == "float64"
+    ):
+        return (
+            "float64 SimpleRNN on JAX: Keras' unmasked loop mixes a float32 "
+            "step into the float64 carry and fails ('scan body function carry "
+            "input and carry output must have equal types'); its masked loop "
+            "does not"
+        )
+    return None
+
+
+def _without_keras_mask(x):
+    """`x`, or a copy of it with no Keras mask attached.
+
+    Keras fills a layer's `mask` argument from a mask attached to its input
+    tensor; the inner RNNs must not get one, or they leave the fused kernel.
+    """
+    if get_keras_mask(x) is not None:
+        return keras.ops.copy(x)
+    return x
+
+
+def run_torch_native(inner, x, initial_state, training, valid):
+    return torch_kernels().run(inner, x, initial_state), None
+
+
+def run_keras_unmasked(inner, x, initial_state, training, valid):
+    y, *_ = inner(
+        _without_keras_mask(x), initial_state=initial_state, training=training
+    )
+    return y, None
+
+
+def run_keras_masked(inner, x, initial_state, training, valid):
+    y, *states = inner(x, mask=valid, initial_state=initial_state, training=training)
+    return y, list(states)
+
+
+def choose(inner, where):
+    """The runner for `inner` with data on the device of `where`, and why.
+
+    Args:
+        inner: The built inner RNN (returns sequences and states, reads
+            forward).
+        where: A tensor or variable whose device decides on torch.
+
+    Returns:
+        A tuple `(runner, reason)`: one of the `run_*` functions of this
+        module and the sentence `kernel_info()` reports.
+    """
+    name = type(inner).__name__
+    masked = masked_reason(inner)
+    if masked is not None:
+        return run_keras_masked, (
+            f"Keras {name} with a right-padded mask, in Keras' step loop: {masked}"
+        )
+    reason = native_reason(inner, where)
+    if reason is None:
+        return run_torch_native, (
+            f"PyTorch's native {name} kernel, unmasked (torch backend on CPU, "
+            "where Keras would step through time in Python)"
+        )
+    if getattr(inner, "_maskedrnn_generic_gru_loop", False):
+        text = (
+            f"Keras {name}, unmasked, in Keras' generic step loop: on a JAX "
+            "CPU it is faster than Keras' GRU kernel"
+        )
+    elif getattr(inner, "use_cudnn", "auto") is False:
+        text = (
+            f"Keras {name}, unmasked, in Keras' generic step loop (the wrapped "
+            "layer has use_cudnn=False)"
+        )
+    elif type(inner) is keras.layers.SimpleRNN:
+        text = (
+            f"Keras {name}, unmasked, in Keras' generic step loop (no backend "
+            "has a fused SimpleRNN kernel; the loop runs without a mask)"
+        )
+    else:
+        text = (
+            f"Keras {name}, unmasked: its backend's fused kernel (cuDNN on "
+            "GPU) when available, else Keras' step loop without a mask"
+        )
+    if keras.backend.backend() == "torch":
+        text += f". Not PyTorch's native kernel: {reason}"
+    return run_keras_unmasked, text
+
+
+def use_generic_gru_loop(inner):
+    """Sends a GRU on a JAX CPU to Keras' generic loop (still unmasked) when
+    `_backend.prefers_generic_gru_loop` says it is faster there."""
+    if _backend.prefers_generic_gru_loop(inner):
+        inner.use_cudnn = False
+        inner._maskedrnn_generic_gru_loop = True

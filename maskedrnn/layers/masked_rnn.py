@@ -1,0 +1,279 @@
+"""`MaskedRNN`: a masked RNN layer whose wrapped RNN runs unmasked.
+
+API, config, shapes and `call` orchestration only: the direction runs on the
+shared core `maskedrnn.layers.direction`.
+"""
+
+import copy
+
+import keras
+from keras import ops
+
+from maskedrnn import _checks
+from maskedrnn import ops as mops
+from maskedrnn.layers import direction, kernels
+
+
+@keras.saving.register_keras_serializable(package="maskedrnn")
+class MaskedRNN(keras.layers.Layer):
+    """Wrapper for one RNN layer that honours masks and keeps its fused kernel.
+
+    Behaves like the wrapped `keras.layers.LSTM`, `GRU`, `SimpleRNN` or
+    `RNN(cell)` called with the same mask: masked steps are skipped (the
+    state is carried over them), with Keras' own conventions for every option
+    of the wrapped layer. Unlike it, the wrapped RNN never receives a mask, so
+    its backend can keep a fused kernel (cuDNN on GPU; on the torch backend
+    on CPU, PyTorch's native kernels): each row's valid steps are moved to
+    the front (one gather; none when `lengths` is given), padding is zeroed,
+    the RNN runs unmasked, and the outputs are placed back where Keras puts
+    them. This is the one-direction sibling of `MaskedBidirectional`; both
+    run on the same core (`maskedrnn.layers.direction`).
+
+    Which code runs: `LSTM` and `GRU` run unmasked on their backend's fused
+    kernel where one exists (cuDNN on GPU), PyTorch's native kernel on the
+    torch backend on CPU, else Keras' step loop without a mask. No backend
+    has a fused `SimpleRNN` kernel: it runs Keras' step loop without a mask
+    (PyTorch's `rnn_tanh`/`rnn_relu` on torch CPU). Final states are read at
+    each row's last valid step; an LSTM's cell state is recomputed exactly
+    from the outputs. `keras.layers.RNN(cell)`, custom cells and
+    `recurrent_dropout > 0` have no fused kernel to keep: they get the same
+    reordering plus a right-padded mask (Keras' masked loop), exact as well.
+    `kernel_info()` says which code runs and why.
+
+    Semantics (those of the wrapped layer under a mask, on TensorFlow and
+    torch): with `return_sequences=True` a masked step repeats the last valid
+    output, steps before a row's first valid step are zeros, and with
+    `zero_output_for_mask=True` every masked step is zeros. The last output
+    (`return_sequences=False`) is the output at the last valid step (zeros
+    for an all-padding row; with `zero_output_for_mask=True`, zeros when the
+    last step is masked). `return_state=True` adds the states after each
+    row's last valid step (the initial state for an all-padding row).
+    `go_backwards=True` reads the time axis reversed and returns outputs in
+    that reversed order, as Keras does. (Keras' JAX backend repeats the
+    *initial* `h` before a row's first valid step instead of zeros; that
+    differs only with a non-zero `initial_state` and leading padding, and
+    `MaskedRNN` gives zeros on every backend.)
+
+    Args:
+        layer: A `keras.layers.RNN` instance (`keras.layers.LSTM(64)`,
+            `GRU`, `SimpleRNN`, `RNN(cell)`), not stateful. Its config is
+            copied: the wrapper has fresh weights, the same variables in the
+            same order as the wrapped layer (copy trained weights with
+            `set_weights(layer.get_weights())`). `return_sequences`,
+            `return_state`, `go_backwards` and `zero_output_for_mask` are
+            read from it.
+        **kwargs: Base layer arguments (`name`, `dtype`, ...). `dtype`
+            defaults to the wrapped layer's dtype policy.
+
+    Call arguments:
+        inputs: Float tensor of shape `(batch, time, features)`.
+        mask: Optional boolean tensor of shape `(batch, time)`, usually
+            attached by an upstream layer (`Embedding(mask_zero=True)`,
+            `Masking`). Any pattern: right-padded, left-padded, holes,
+            all-padding rows.
+        lengths: Optional integer tensor of shape `(batch,)`: the data is
+            right-padded and row `i` has `lengths[i]` valid steps. When
+            given, it wins over `mask` and saves one gather.
+        initial_state: Optional list of initial state tensors (`[h, c]` for
+            an LSTM, `[h]` for a GRU or SimpleRNN), each `(batch, units)`.
+        training: Python boolean, passed on for dropout.
+
+    Input shape:
+        3D tensor `(batch, time, features)`; `batch` and `time` may be `None`.
+
+    Output shape:
+        With `return_sequences=True`: `(batch, time, units)`, else
+        `(batch, units)`. With `return_state=True` the final states follow
+        (each `(batch, units)`). The output mask is the input mask when
+        `return_sequences=True`.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(10_000, 64, mask_zero=True)(inputs)
+    x = maskedrnn.MaskedRNN(keras.layers.LSTM(128))(x)
+    outputs = keras.layers.Dense(5, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+
+    # An encoder whose final [h, c] seeds a decoder, with explicit lengths:
+    seq = keras.Input((None, 12))
+    lengths = keras.Input((), dtype="int32")
+    y, h, c = maskedrnn.MaskedRNN(keras.layers.LSTM(32, return_state=True))(
+        seq, lengths=lengths)
+    ```
+    """
+
+    def __init__(self, layer, **kwargs):
+        _checks.check_wrapped_rnn(layer)
+        kwargs.setdefault("dtype", layer.dtype_policy)
+        super().__init__(**kwargs)
+        self.layer = direction.inner_copy(layer, layer.name)
+        self.return_sequences = layer.return_sequences
+        self.return_state = layer.return_state
+        self.go_backwards = layer.go_backwards
+        self.zero_output_for_mask = layer.zero_output_for_mask
+        self.stateful = False
+        self.supports_masking = True
+        self.uses_fast_path = kernels.masked_reason(self.layer) is None
+        self._input_features = None
+
+    # ------------------------------------------------------------------ build
+
+    def build(self, inputs_shape, lengths_shape=None, initial_state_shape=None):
+        inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedRNN")
+        self._input_features = inputs_shape[-1]
+        if not self.layer.built:
+            self.layer.build(inputs_shape)
+
+    def compute_output_shape(
+        self, inputs_shape, lengths_shape=None, initial_state_shape=None
+    ):
+        seq, *states = self.layer.compute_output_shape(inputs_shape)
+        seq, states = tuple(seq), [tuple(s) for s in states]
+        out = seq if self.return_sequences else (seq[0], seq[-1])
+        if self.return_state:
+            return tuple([out] + states)
+        return out
+
+    def compute_output_spec(
+        self, inputs, mask=None, lengths=None, initial_state=None, training=None
+    ):
+        # Functional models are built from shapes alone: run the checks that
+        # need no values now, so a bad `lengths`/`mask` fails at model build.
+        if lengths is not None:
+            _checks.check_lengths_static(lengths, inputs)
+        elif mask is not None:
+            _checks.check_mask(mask, inputs)
+        return super().compute_output_spec(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_state=initial_state,
+            training=training,
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0]
+        output_mask = mask if self.return_sequences else None
+        if self.return_state:
+            n_states = len(direction.state_sizes(self.layer))
+            return tuple([output_mask] + [None] * n_states)
+        return output_mask
+
+    def kernel_info(self, inputs=None):
+        """Says which code computes the wrapped RNN, and why.
+
+        Args:
+            inputs: Optional tensor the layer would be called on; on the
+                torch backend its device decides (CPU: PyTorch's native
+                kernels; CUDA: Keras' cuDNN path). Defaults to `None`: the
+                device of the layer's weights. The layer must be built.
+
+        Returns:
+            A dict with the key `"layer"` and a sentence: PyTorch's native
+            kernel, Keras' unmasked layer (its backend's fused kernel where
+            one exists, else Keras' step loop without a mask), or Keras'
+            step loop with a right-padded mask, with the reason.
+        """
+        if not self.built:
+            raise ValueError(
+                "kernel_info() needs a built layer: call it on data first or "
+                "call layer.build(input_shape)."
+            )
+        where = self.layer.cell.kernel if inputs is None else inputs
+        return {"layer": kernels.choose(self.layer, where)[1]}
+
+    # ------------------------------------------------------------------- call
+
+    def call(self, inputs, mask=None, lengths=None, initial_state=None, training=None):
+        x = _checks.check_inputs(inputs, "MaskedRNN", self._input_features)
+        if x.shape[0] == 0:
+            return self._empty_batch_outputs(x)
+        time = ops.shape(x)[1]
+        bad_rows = read_mask = None
+        if lengths is not None:
+            lengths, bad_rows = _checks.check_lengths(lengths, x)
+            steps = direction.Steps.from_lengths(lengths, time)
+            read_mask = steps.valid
+            if self.go_backwards:
+                # The valid-first form of the reversed rows: each row's valid
+                # steps, reversed by its own length.
+                x = mops.gather_time(x, steps.reverse)
+                read_mask = ops.flip(read_mask, 1)
+        else:
+            if mask is not None:
+                mask = _checks.check_mask(mask, x)
+            if self.go_backwards:
+                # As Keras: the whole padded time axis and the mask reversed.
+                x = ops.flip(x, 1)
+                mask = None if mask is None else ops.flip(mask, 1)
+            if mask is None:
+                steps = direction.Steps.full(ops.shape(x)[0], time)
+            else:
+                steps = direction.Steps.from_mask(mask)
+                x = steps.valid_first(x)
+                read_mask = mask
+
+        state = _checks.check_initial_state(
+            initial_state,
+            x,
+            [
+                (
+                    f"the {type(self.layer).__name__}",
+                    direction.state_names(self.layer),
+                    direction.state_sizes(self.layer),
+                )
+            ],
+        )
+        y, states = direction.run(
+            self.layer,
+            x,
+            steps,
+            None if state is None else state[0],
+            training,
+            self.return_state,
+        )
+        if self.return_sequences:
+            if read_mask is not None:
+                y = direction.held(y, read_mask, self.zero_output_for_mask)
+        else:
+            y = direction.last_output(y, steps)
+            if self.zero_output_for_mask and read_mask is not None:
+                keep = ops.expand_dims(read_mask[:, -1], -1)
+                y = ops.where(keep, y, ops.zeros_like(y))
+        outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
+        if bad_rows is not None:
+            outputs = _checks.poison_rows(outputs, bad_rows)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _empty_batch_outputs(self, x):
+        """Outputs of the right shapes for a batch of 0 rows (no RNN call)."""
+        shapes = self.compute_output_shape(tuple(x.shape))
+        if isinstance(shapes[0], int) or shapes[0] is None:
+            shapes = [shapes]
+        outputs = [
+            ops.zeros(tuple(0 if d is None else d for d in shape), self.compute_dtype)
+            for shape in shapes
+        ]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    # ---------------------------------------------------------------- config
+
+    def get_config(self):
+        config = super().get_config()
+        layer = keras.saving.serialize_keras_object(self.layer)
+        layer["config"]["return_sequences"] = self.return_sequences
+        layer["config"]["return_state"] = self.return_state
+        layer["config"]["go_backwards"] = self.go_backwards
+        config["layer"] = layer
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = copy.deepcopy(config)
+        config["layer"] = keras.saving.deserialize_keras_object(
+            config["layer"], custom_objects=custom_objects
+        )
+        return cls(**config)
