@@ -13,3 +13,7 @@ from keras.src.layers.rnn.conv_lstm import ConvLSTM  # noqa: F401
 # The reduction keras.losses.Loss.__call__ applies (sample weights, every
 # `reduction`, tf.distribute scaling), reused so losses match Keras exactly.
 from keras.src.losses.loss import reduce_weighted_values  # noqa: F401
+
+# The class of models made with `keras.Model(inputs, outputs)` (Keras has no
+# public name for it): convert_model and load_weights rebuild those.
+from keras.src.models.functional import Functional  # noqa: F401

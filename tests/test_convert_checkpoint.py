@@ -17,13 +17,14 @@ import pytest
 from keras import layers
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional
+from maskedrnn import MaskedBidirectional, MaskedRNN
 from tests.test_convert_model import (
     T,
     U,
     V,
     assert_same_predictions,
     padded_ids,
+    rnn_model,
     sequential_model,
 )
 
@@ -166,6 +167,31 @@ def test_masked_model_called_with_lengths_loads_a_keras_checkpoint(tmp_path):
     x = np.random.default_rng(9).standard_normal((4, T, 3)).astype("float32")
     n = np.array([T, 3, 1, 5], "int32")
     assert_same_predictions(ours, keras_model, [x, n])
+
+
+def test_plain_rnn_checkpoints_load_across_masked_rnn(tmp_path):
+    """Plain LSTM/GRU/SimpleRNN <-> MaskedRNN (stored one level deeper, under
+    `masked_rnn/layer/cell`), both ways, and into a model converted for
+    Bidirectional layers only."""
+    old = rnn_model()
+    scramble(old, seed=11)
+    old.save_weights(tmp_path / "old.weights.h5")
+    new = maskedrnn.convert_model(old)
+    assert isinstance(new.get_layer("simple"), MaskedRNN)
+    scramble(new, seed=12)
+    maskedrnn.load_weights(new, tmp_path / "old.weights.h5")
+    assert_same_weights(new, old)
+    assert_same_predictions(new, old, padded_ids(7))
+
+    scramble(new, seed=13)
+    new.save_weights(tmp_path / "new.weights.h5")
+    maskedrnn.load_weights(old, tmp_path / "new.weights.h5")
+    assert_same_weights(old, new)
+
+    partly = maskedrnn.convert_model(old, only=layers.Bidirectional)
+    scramble(partly, seed=14)
+    maskedrnn.load_weights(partly, tmp_path / "new.weights.h5")
+    assert_same_weights(partly, new)
 
 
 def test_same_wrapper_checkpoint_is_keras_own_load(tmp_path):

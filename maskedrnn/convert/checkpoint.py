@@ -17,10 +17,16 @@ import tempfile
 import zipfile
 
 import keras
-from keras.src.models.functional import Functional  # Private: see model.py.
 
-from maskedrnn.convert.model import _Converter, _ToKeras, _ToMasked
-from maskedrnn.layers import MaskedBidirectional
+from maskedrnn._keras_private import Functional
+from maskedrnn.convert.model import (
+    _PLAIN_RNNS,
+    _Converter,
+    _inner_sources,
+    _ToKeras,
+    _ToMasked,
+)
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 __all__ = ["load_weights"]
 
@@ -60,12 +66,33 @@ def _model_layout(model, directory, name):
     return _layout(path)
 
 
-def _twin(model, direction):
-    """The model rebuilt with the other wrapper class (no compile state), and
-    the converter that records which of its layers copies which of `model`'s.
-    """
-    converter = _Converter(direction, compile=False)
+def _twin(model, direction, kinds):
+    """The model rebuilt with its `kinds` layers swapped by `direction` (no
+    compile state), and the converter that records which of its layers
+    copies which of `model`'s."""
+    converter = _Converter(
+        direction, compile=False, select=lambda layer: isinstance(layer, kinds)
+    )
     return converter.convert(model), converter
+
+
+# The layer groups a twin swaps, per direction.
+_GROUPS = (
+    (_ToKeras, ((MaskedBidirectional,), (MaskedRNN,))),
+    (_ToMasked, ((keras.layers.Bidirectional,), _PLAIN_RNNS)),
+)
+
+
+def _swaps(model):
+    """(direction, classes) of the twins to try: every group the model has,
+    then each group alone (a model may have been converted, or rebuilt by
+    hand, for one kind of layer only)."""
+    for direction, groups in _GROUPS:
+        present = [group for group in groups if _inner_sources(model, group)]
+        if present:
+            yield direction, tuple(cls for group in present for cls in group)
+        if len(present) > 1:
+            yield from ((direction, group) for group in present)
 
 
 def _differences(expected, found):
@@ -163,16 +190,11 @@ def load_weights(model, filepath):
             model.load_weights(filepath)
             return
         rebuildable = isinstance(model, (keras.Sequential, Functional))
-        layers = model._flatten_layers(include_self=False) if rebuildable else []
-        directions = []
-        if any(isinstance(layer, MaskedBidirectional) for layer in layers):
-            directions.append(_ToKeras)
-        if any(isinstance(layer, keras.layers.Bidirectional) for layer in layers):
-            directions.append(_ToMasked)
         tried = [own]
-        for direction in directions:
-            twin, converter = _twin(model, direction)
-            tried.append(_model_layout(twin, directory, direction.__name__))
+        swaps = _swaps(model) if rebuildable else ()
+        for index, (direction, kinds) in enumerate(swaps):
+            twin, converter = _twin(model, direction, kinds)
+            tried.append(_model_layout(twin, directory, f"twin{index}"))
             if tried[-1] != found:
                 continue
             twin.load_weights(filepath)

@@ -16,18 +16,25 @@ import warnings
 
 import keras
 
-# Private Keras APIs, gathered here. `Functional` is the class of models made
-# with `keras.Model(inputs, outputs)` (Keras has no public name for it);
-# `Layer._flatten_layers` lists a layer's sublayers (used to find a
-# `Bidirectional` hidden inside a layer that is copied as a whole).
-from keras.src.models.functional import Functional
-
-from maskedrnn.layers import MaskedBidirectional
+# `Functional` (private, see `maskedrnn._keras_private`) is the class of models
+# made with `keras.Model(inputs, outputs)`. `Layer._flatten_layers`, a private
+# method, lists a layer's sublayers (to find RNNs hidden inside a layer that is
+# copied as a whole).
+from maskedrnn._keras_private import Functional
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 __all__ = ["bidirectional_to_masked", "convert_model"]
 
 _CALL_SIGNATURE = inspect.signature(keras.layers.Bidirectional.call)
 _MASKED_CALL_SIGNATURE = inspect.signature(MaskedBidirectional.call)
+_RNN_CALL_SIGNATURE = inspect.signature(keras.layers.RNN.call)
+_MASKED_RNN_CALL_SIGNATURE = inspect.signature(MaskedRNN.call)
+
+# The plain RNN layers convert_model upgrades to MaskedRNN: those with a fused
+# kernel to keep (`keras.layers.RNN(cell)` has none and is copied as it is).
+_PLAIN_RNNS = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
+# Layers whose sublayers are RNNs by design, not layers left unconverted.
+_RNN_WRAPPERS = (keras.layers.Bidirectional, MaskedBidirectional, MaskedRNN)
 
 _SUBCLASSED_HOWTO = (
     "Swap the layer by hand: in the model's __init__, replace e.g. "
@@ -70,6 +77,54 @@ def _unconvertible_reason(layer):
             "layer with go_backwards=False"
         )
     return None
+
+
+def _rnn_unconvertible_reason(layer):
+    """Why a plain `LSTM`/`GRU`/`SimpleRNN` cannot become a `MaskedRNN`.
+
+    Returns `None` when it can.
+    """
+    if type(layer) not in _PLAIN_RNNS:
+        return (
+            f"it is a subclass ({type(layer).__name__}) of a Keras RNN layer, "
+            "whose own behaviour MaskedRNN would not keep"
+        )
+    if layer.stateful:
+        return "it is stateful=True; MaskedRNN does not carry states across batches"
+    return None
+
+
+def _masked_from_rnn(layer):
+    """An unbuilt `MaskedRNN` around a copy of `layer` (config and
+    `use_cudnn`), with its name, dtype and `trainable`."""
+    return MaskedRNN(
+        _plain_copy(layer),
+        name=layer.name,
+        dtype=layer.dtype_policy,
+        trainable=layer.trainable,
+    )
+
+
+def _rnn_from_masked(layer):
+    """The plain RNN layer a `MaskedRNN` stands for (inverse of
+    `_masked_from_rnn`), from the public config `MaskedRNN.get_config()`
+    gives its inner layer (`return_sequences`, `go_backwards`, ... as given)."""
+    config = layer.get_config()["layer"]
+    config["config"]["name"] = layer.name
+    config["config"]["trainable"] = layer.trainable
+    new = keras.saving.deserialize_keras_object(config)
+    if hasattr(layer.layer, "use_cudnn"):
+        new.use_cudnn = layer.layer.use_cudnn
+    return new
+
+
+def _lengths_to_mask(inputs, lengths):
+    # `lengths` means right-padded rows of `lengths[i]` valid steps:
+    # mask[i, t] = t + 1 <= lengths[i] (time may be unknown here).
+    ones = keras.ops.ones_like(inputs[:, :, 0], dtype="int32")
+    positions = keras.ops.cumsum(ones, axis=1)
+    lengths = keras.ops.expand_dims(keras.ops.cast(lengths, "int32"), -1)
+    return keras.ops.less_equal(positions, lengths)
 
 
 def _copy_use_cudnn(source, target):
@@ -183,34 +238,46 @@ def _bidirectional_from_masked(layer):
 
 
 class _ToMasked:
-    """What `convert_model` swaps: `Bidirectional` -> `MaskedBidirectional`."""
+    """What `convert_model` swaps: `Bidirectional` -> `MaskedBidirectional`,
+    plain `LSTM`/`GRU`/`SimpleRNN` -> `MaskedRNN`."""
 
-    source = keras.layers.Bidirectional
+    source = (keras.layers.Bidirectional, *_PLAIN_RNNS)
 
     @staticmethod
     def reason(layer):
-        return _unconvertible_reason(layer)
+        if isinstance(layer, keras.layers.Bidirectional):
+            return _unconvertible_reason(layer)
+        return _rnn_unconvertible_reason(layer)
 
     @staticmethod
     def swap(layer):
-        return _masked_from_bidirectional(layer)
+        if isinstance(layer, keras.layers.Bidirectional):
+            return _masked_from_bidirectional(layer)
+        return _masked_from_rnn(layer)
 
     @staticmethod
     def call(layer, *args, **kwargs):
         # Bidirectional.call(sequences, initial_state, mask, training) and
-        # MaskedBidirectional.call(inputs, mask, lengths, initial_state,
-        # training) differ in their positional order: pass by name.
-        bound = _CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
+        # RNN.call(sequences, initial_state, mask, training) differ from
+        # MaskedBidirectional/MaskedRNN.call(inputs, mask, lengths,
+        # initial_state, training) in their positional order: pass by name.
+        signature = (
+            _CALL_SIGNATURE
+            if isinstance(layer, MaskedBidirectional)
+            else _RNN_CALL_SIGNATURE
+        )
+        bound = signature.bind(None, *args, **kwargs).arguments
         bound.pop("self")
         sequences = bound.pop("sequences")
         return layer(sequences, **bound)
 
 
 class _ToKeras:
-    """The inverse swap, `MaskedBidirectional` -> `Bidirectional`, used by
-    `maskedrnn.load_weights` to rebuild the model a checkpoint came from."""
+    """The inverse swap, `MaskedBidirectional` -> `Bidirectional` and
+    `MaskedRNN` -> its plain RNN, used by `maskedrnn.load_weights` to rebuild
+    the model a checkpoint came from."""
 
-    source = MaskedBidirectional
+    source = (MaskedBidirectional, MaskedRNN)
 
     @staticmethod
     def reason(layer):
@@ -218,22 +285,76 @@ class _ToKeras:
 
     @staticmethod
     def swap(layer):
-        return _bidirectional_from_masked(layer)
+        if isinstance(layer, MaskedBidirectional):
+            return _bidirectional_from_masked(layer)
+        return _rnn_from_masked(layer)
 
     @staticmethod
     def call(layer, *args, **kwargs):
-        bound = _MASKED_CALL_SIGNATURE.bind(None, *args, **kwargs).arguments
+        signature = (
+            _MASKED_CALL_SIGNATURE
+            if isinstance(layer, keras.layers.Bidirectional)
+            else _MASKED_RNN_CALL_SIGNATURE
+        )
+        bound = signature.bind(None, *args, **kwargs).arguments
         bound.pop("self")
         inputs = bound.pop("inputs")
         lengths = bound.pop("lengths", None)
         if lengths is not None:
-            # `lengths` means right-padded rows of `lengths[i]` valid steps:
-            # mask[i, t] = t + 1 <= lengths[i] (time may be unknown here).
-            ones = keras.ops.ones_like(inputs[:, :, 0], dtype="int32")
-            positions = keras.ops.cumsum(ones, axis=1)
-            lengths = keras.ops.expand_dims(keras.ops.cast(lengths, "int32"), -1)
-            bound["mask"] = keras.ops.less_equal(positions, lengths)
+            bound["mask"] = _lengths_to_mask(inputs, lengths)
         return layer(inputs, **bound)
+
+
+def _selector(model, only, exclude):
+    """`select(layer) -> bool` for `convert_model`'s `only=` / `exclude=`."""
+    names = {layer.name for layer in model._flatten_layers(include_self=False)}
+
+    def items_of(value, argument):
+        if value is None:
+            return None
+        items = [value] if isinstance(value, (str, type)) else list(value)
+        for item in items:
+            if isinstance(item, str):
+                if item not in names:
+                    raise ValueError(
+                        f"`{argument}` names layer {item!r}, which model "
+                        f"'{model.name}' does not have; got {argument}={value!r}. "
+                        f"Its layers: {sorted(names)}."
+                    )
+            elif not (isinstance(item, type) and issubclass(item, keras.layers.Layer)):
+                raise TypeError(
+                    f"`{argument}` must hold layer names and layer classes (e.g. "
+                    f"keras.layers.LSTM); got {item!r} in {argument}={value!r}."
+                )
+        return items
+
+    def matches(layer, items):
+        return any(
+            layer.name == item if isinstance(item, str) else isinstance(layer, item)
+            for item in items
+        )
+
+    only_items = items_of(only, "only")
+    exclude_items = items_of(exclude, "exclude")
+
+    def select(layer):
+        if only_items is not None and not matches(layer, only_items):
+            return False
+        return not (exclude_items and matches(layer, exclude_items))
+
+    return select
+
+
+def _inner_sources(layer, source):
+    """The `source` layers inside `layer` (a layer copied as a whole), not
+    counting the RNNs that Bidirectional-style wrappers hold by design."""
+    found = []
+    for inner in layer._flatten_layers(include_self=False, recursive=False):
+        if isinstance(inner, source):
+            found.append(inner)
+        if not isinstance(inner, (*_RNN_WRAPPERS, keras.layers.RNN)):
+            found += _inner_sources(inner, source)
+    return found
 
 
 class _Converter:
@@ -248,9 +369,10 @@ class _Converter:
     its config; `compile_errors` lists those it could not.
     """
 
-    def __init__(self, direction=_ToMasked, compile=True):
+    def __init__(self, direction=_ToMasked, compile=True, select=None):
         self.direction = direction
         self.compile = compile
+        self.select = select or (lambda layer: True)
         self.copies = {}  # id(original layer) -> its copy
         self.leaves = []  # (original, copy) pairs whose weights get copied
         self.converted = set()  # ids of the swapped copies
@@ -298,7 +420,9 @@ class _Converter:
             new = self.convert(layer)
         elif isinstance(layer, source):
             reason = self.direction.reason(layer)
-            if reason is None:
+            if not self.select(layer):
+                new = _plain_copy(layer)  # left out by `only=` / `exclude=`
+            elif reason is None:
                 new = self.direction.swap(layer)
                 self.converted.add(id(new))
             else:
@@ -310,8 +434,8 @@ class _Converter:
             # a symbolic tensor): no weights, no sublayers.
             new = _plain_copy(layer)
         else:
-            for inner in layer._flatten_layers(include_self=False, recursive=True):
-                if isinstance(inner, source):
+            for inner in _inner_sources(layer, source):
+                if self.select(inner):
                     self.left.append(
                         (
                             inner.name,
@@ -345,17 +469,27 @@ class _Converter:
             new.set_weights(old.get_weights())
 
 
-def convert_model(model, strict=False):
-    """The one-line upgrade: `Bidirectional` RNNs to `MaskedBidirectional`.
+def convert_model(model, strict=False, only=None, exclude=None):
+    """The one-line upgrade: masked RNNs that keep their fused kernels.
 
     Returns a new model in which every `keras.layers.Bidirectional` around a
-    Keras RNN layer is a `maskedrnn.MaskedBidirectional` with the same
-    configuration (inner layers, `merge_mode`, `return_sequences`,
-    `return_state`), the same name and a copy of its weights. Every other
-    layer is copied from its config and given a copy of its weights, as by
+    Keras RNN layer is a `maskedrnn.MaskedBidirectional`, and every plain
+    `keras.layers.LSTM`, `GRU` and `SimpleRNN` (outside a `Bidirectional`)
+    is a `maskedrnn.MaskedRNN`, with the same configuration
+    (`return_sequences`, `return_state`, `go_backwards`, `merge_mode`, ...),
+    the same name and a copy of its weights. Every other layer is copied
+    from its config and given a copy of its weights, as by
     `keras.models.clone_model`. Sequential and Functional models nested in
     the model (used as layers) are converted too. The original model is not
     changed and shares no weights with the result.
+
+    Fed the same inputs, the new model returns the same predictions as the
+    original (whose RNN layers see the Keras masks of
+    `Embedding(mask_zero=True)`, `Masking`, ...): the maskedrnn layers give
+    the same outputs and states for any mask, while the RNNs inside them
+    run unmasked (fused cuDNN kernels on GPU, PyTorch's kernels on torch
+    CPU). A checkpoint saved from the original model loads into the new one
+    with `maskedrnn.load_weights`.
 
     If the model was compiled, the new model is compiled from
     `model.get_compile_config()` (a fresh optimizer), as
@@ -369,34 +503,41 @@ def convert_model(model, strict=False):
     `@keras.saving.register_keras_serializable()` before converting, so the
     compile state is carried over.
 
-    Fed the same inputs, the new model returns the same predictions as the
-    original (whose `Bidirectional` layers see the Keras masks of
-    `Embedding(mask_zero=True)`, `Masking`, ...): `MaskedBidirectional`
-    gives the same outputs and states for any mask, while its inner RNNs run
-    unmasked (fused cuDNN kernels on GPU).
-
-    A `Bidirectional` that `MaskedBidirectional` cannot express is kept as it
-    is, with a warning naming it: a stateful RNN, a wrapped layer that is not
-    a `keras.layers.RNN`, a wrapped layer with `go_backwards=True`, a
-    subclass of `Bidirectional`, or one inside a layer that is copied as a
-    whole (a custom layer, a subclassed model nested in the model).
+    A layer the maskedrnn layers cannot express is kept as it is, with a
+    warning naming it: a stateful RNN; a subclass of `Bidirectional`,
+    `LSTM`, `GRU` or `SimpleRNN`; a `Bidirectional` whose wrapped layer is
+    not a `keras.layers.RNN` or has `go_backwards=True`; or one inside a
+    layer that is copied as a whole (a custom layer, a subclassed model
+    nested in the model). `keras.layers.RNN(cell)` layers have no fused
+    kernel to keep and are copied as they are.
 
     Args:
         model: A built `keras.Sequential` or Functional `keras.Model`.
             Subclassed models (subclasses of `keras.Model` with their own
             `call`) are refused with a `ValueError` that explains how to
             swap their layers by hand.
-        strict: Boolean. If `True`, a `Bidirectional` that cannot be
-            converted raises a `ValueError` (listing every such layer)
-            instead of a warning. Defaults to `False`.
+        strict: Boolean. If `True`, a layer that cannot be converted raises
+            a `ValueError` (listing every such layer) instead of a warning.
+            Defaults to `False`.
+        only: Optional layer name, layer class, or list of them (default
+            `None`: every layer). Only matching layers are converted: a name
+            matches that layer (at any nesting level), a class every layer
+            that is an instance of it; e.g. `only=keras.layers.Bidirectional`
+            upgrades the Bidirectional layers and leaves plain RNNs as they
+            are (a class matches the layer itself, so `keras.layers.LSTM`
+            does not select a `Bidirectional(LSTM(...))`).
+        exclude: Optional layer name, layer class, or list of them (default
+            `None`). Matching layers are kept as they are, silently.
 
     Returns:
         A new model of the same kind (Sequential or Functional).
 
     Raises:
-        TypeError: If `model` is not a `keras.Model`.
-        ValueError: If `model` is a subclassed model, or with `strict=True`
-            if some `Bidirectional` layer cannot be converted.
+        TypeError: If `model` is not a `keras.Model`, or `only`/`exclude`
+            hold something other than layer names and layer classes.
+        ValueError: If `model` is a subclassed model, if `only`/`exclude`
+            name a layer the model does not have, or with `strict=True` if
+            some layer cannot be converted.
 
     Example:
 
@@ -404,16 +545,23 @@ def convert_model(model, strict=False):
     inputs = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(1000, 16, mask_zero=True)(inputs)
     x = keras.layers.Bidirectional(keras.layers.LSTM(32, return_sequences=True))(x)
+    x = keras.layers.GRU(16)(x)
     outputs = keras.layers.Dense(5, activation="softmax")(x)
     model = keras.Model(inputs, outputs)
 
     fast_model = maskedrnn.convert_model(model)  # same predictions, unmasked RNNs
+    only_bidi = maskedrnn.convert_model(model, only=keras.layers.Bidirectional)
     ```
     """
     if isinstance(model, keras.layers.Bidirectional):
         raise TypeError(
             "`model` is a single Bidirectional layer; use "
             "`bidirectional_to_masked(layer)` for one layer."
+        )
+    if isinstance(model, keras.layers.RNN):
+        raise TypeError(
+            "`model` is a single RNN layer; use `maskedrnn.MaskedRNN(layer)` "
+            "and `set_weights(layer.get_weights())` for one layer."
         )
     if not isinstance(model, keras.Model):
         raise TypeError(
@@ -427,14 +575,14 @@ def convert_model(model, strict=False):
             "whose layers are made and called by its own Python code, which "
             f"convert_model cannot rewrite. {_SUBCLASSED_HOWTO}"
         )
-    converter = _Converter()
+    converter = _Converter(select=_selector(model, only, exclude))
     new_model = converter.convert(model)
     if converter.left and strict:
         listing = "; ".join(f"'{name}': {reason}" for name, reason in converter.left)
         raise ValueError(
-            "strict=True and some Bidirectional layers cannot become "
-            f"MaskedBidirectional: {listing}. Pass strict=False to keep them "
-            "as keras.layers.Bidirectional."
+            "strict=True and some layers cannot become MaskedBidirectional or "
+            f"MaskedRNN: {listing}. Pass strict=False to keep them as they are "
+            "(or leave them out with `exclude=`)."
         )
     converter.copy_weights()
     for name, error in converter.compile_errors:
@@ -450,8 +598,7 @@ def convert_model(model, strict=False):
         )
     for name, reason in converter.left:
         warnings.warn(
-            f"convert_model kept Bidirectional layer '{name}' as "
-            f"keras.layers.Bidirectional: {reason}.",
+            f"convert_model kept layer '{name}' as it is: {reason}.",
             stacklevel=2,
         )
     return new_model
