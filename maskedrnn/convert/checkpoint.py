@@ -1,15 +1,17 @@
-"""Weight checkpoints across `Bidirectional` and `MaskedBidirectional` models.
+"""Weight checkpoints across Keras' RNN layers and maskedrnn's wrappers.
 
 Keras 3's `.weights.h5` files (and the weights inside a `.keras` archive)
 key each layer of a model's layer list by its class name, not by its
 `name`: a `keras.layers.Bidirectional` is stored under
 `layers/bidirectional/forward_layer/cell/vars/0`, a `MaskedBidirectional`
 under `layers/masked_bidirectional/...` (then `bidirectional_1`, ... for the
-next ones; see `keras/src/saving/saving_lib.py`). So a checkpoint written by
-`model.save_weights(...)` before `convert_model` does not load into the
-converted model ("Layer 'lstm_cell' expected 3 variables, but received 0"),
-nor into a model rebuilt by hand with `MaskedBidirectional`, although the
-weights are the same. `load_weights(model, filepath)` loads it.
+next ones; see `keras/src/saving/saving_lib.py`); a plain `LSTM` under
+`layers/lstm/cell/...`, a `MaskedRNN` under `layers/masked_rnn/layer/cell/...`.
+So a checkpoint written by `model.save_weights(...)` before `convert_model`
+does not load into the converted model ("Layer 'lstm_cell' expected 3
+variables, but received 0"), nor into a model rebuilt by hand with
+`MaskedBidirectional`/`MaskedRNN`, although the weights are the same.
+`load_weights(model, filepath)` loads it.
 """
 
 import os
@@ -114,26 +116,30 @@ def _differences(expected, found):
 
 
 def load_weights(model, filepath):
-    """Loads Keras weights across `Bidirectional` <-> `MaskedBidirectional` models.
+    """Loads Keras weights across Keras' RNN layers and maskedrnn's wrappers.
 
     Loads a checkpoint written by `model.save_weights("x.weights.h5")` (or a
     `.keras` file from `model.save`) of a model built with
-    `keras.layers.Bidirectional` into the same architecture built with
-    `maskedrnn.MaskedBidirectional` (e.g. the model `convert_model` returns,
-    or one rebuilt by hand), and the other way round. Keras' own
+    `keras.layers.Bidirectional` and plain `LSTM`/`GRU`/`SimpleRNN` layers
+    into the same architecture built with `maskedrnn.MaskedBidirectional` and
+    `maskedrnn.MaskedRNN` (e.g. the model `convert_model` returns, or one
+    rebuilt by hand), and the other way round. Keras' own
     `model.load_weights` cannot: its files key layers by class name, so the
-    saved `bidirectional` entries are not found under `masked_bidirectional`.
+    saved `bidirectional` entries are not found under `masked_bidirectional`
+    (nor `lstm` under `masked_rnn`, which also nests the RNN one level
+    deeper).
 
     How: if the file's layout (weight paths and shapes) is `model`'s own,
-    this is `model.load_weights(filepath)`. Otherwise `model` is rebuilt
-    once with every `MaskedBidirectional` as a `keras.layers.Bidirectional`
-    (and, failing that, with every `Bidirectional` as a
-    `MaskedBidirectional`, as `convert_model` does); the first rebuilt model
-    whose layout equals the file's loads it with Keras' own loader and its
-    weights are copied into `model` (the two wrappers hold the same weights,
-    in the same order). Nothing is assigned unless a layout matches. When
-    the model has to be rebuilt, only the layers' weights are loaded, not an
-    optimizer state the file may hold.
+    this is `model.load_weights(filepath)`. Otherwise `model` is rebuilt with
+    its `MaskedBidirectional`/`MaskedRNN` layers as `Bidirectional`/plain
+    RNNs, or, failing that, with its `Bidirectional`/plain RNN layers as
+    `MaskedBidirectional`/`MaskedRNN` as `convert_model` does (each time all
+    of them, then one kind at a time); the first rebuilt model whose layout
+    equals the file's loads it with Keras' own loader and its weights are
+    copied into `model` (the wrappers hold the same weights as the layers
+    they stand for, in the same order). Nothing is assigned unless a layout
+    matches. When the model has to be rebuilt, only the layers' weights are
+    loaded, not an optimizer state the file may hold.
 
     Args:
         model: A built `keras.Model`. Rebuilding (when the layouts differ)
