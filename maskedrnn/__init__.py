@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from maskedrnn import convert, datasets, export, ops
+from maskedrnn.convert.checkpoint import load_weights
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.ctc import MaskedCTC, ctc_decode, ctc_ids_to_text, masked_ctc
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
@@ -28,6 +29,7 @@ __all__ = [
     "ctc_ids_to_text",
     "datasets",
     "export",
+    "load_weights",
     "masked_ctc",
     "masked_loss",
     "ops",
