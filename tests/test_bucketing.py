@@ -338,3 +338,28 @@ def test_compilations_are_bounded_by_the_boundaries():
         # TensorFlow: the dataset's spec leaves the time axis free (the first
         # two batches differ), so the tf.function is traced once.
         assert len(traces) == 1 and traces[0][1] is None
+
+
+# ----------------------------------------------------------------- demo
+
+
+@pytest.mark.slow  # two quick trainings (one jit compilation per boundary)
+def test_demo_bucket_prints_seconds_per_epoch_with_and_without(capsys, monkeypatch):
+    from maskedrnn import datasets, demo
+
+    results = demo.run_bucket_demo(quick=True, epochs=1, num_buckets=2, verbose=1)
+    out = capsys.readouterr().out
+    assert "s/epoch" in out and "padded to 29" in out
+    assert f"bucketed, boundaries {results['boundaries']}" in out
+    lengths = [len(s) for s in datasets.load_japanese_vowels("train")[0]]
+    assert results["boundaries"] == quantile_boundaries(lengths, 2)
+    for name in ("bucketed", "padded"):
+        assert len(results[name]["epoch_s"]) == 1
+        assert 0.0 <= results[name]["accuracy"] <= 1.0
+
+    calls = []
+    monkeypatch.setattr(demo, "run_bucket_demo", lambda **kw: calls.append(kw))
+    assert demo.main(["--bucket", "--quick", "--task", "distance"]) == 0
+    assert calls[0]["task"] == "distance" and calls[0]["quick"]
+    with pytest.raises(SystemExit):
+        demo.main(["--bucket", "--save", "x.keras"])
