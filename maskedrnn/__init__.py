@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import convert, datasets, export, ops
+from maskedrnn import bucketing, convert, datasets, export, ops
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.layers import MaskedBidirectional
 from maskedrnn.losses import MaskedLoss, masked_loss
@@ -19,6 +19,7 @@ __all__ = [
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
     "bidirectional_to_masked",
+    "bucketing",
     "convert",
     "convert_model",
     "datasets",

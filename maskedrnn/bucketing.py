@@ -180,10 +180,21 @@ class BucketBatchSampler:
     def __len__(self):
         return self._num_batches
 
+    def padded_length(self, length):
+        """The boundary a sequence of `length` steps is padded to: the
+        smallest boundary >= `length`."""
+        if length > self.boundaries[-1]:
+            raise ValueError(
+                f"length {length} is longer than the last boundary "
+                f"{self.boundaries[-1]}; got length={length}."
+            )
+        return self.boundaries[int(np.searchsorted(self.boundaries, length))]
+
     def boundary_of(self, batch):
         """The padded length of a batch: the boundary of its longest row."""
-        longest = int(self.lengths[np.asarray(batch, dtype=np.int64)].max())
-        return self.boundaries[int(np.searchsorted(self.boundaries, longest))]
+        return self.padded_length(
+            int(self.lengths[np.asarray(batch, dtype=np.int64)].max())
+        )
 
     def batches(self, epoch=None, shuffle=None, drop_remainder=None):
         """The batches of one epoch, as lists of int indices.

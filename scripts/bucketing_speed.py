@@ -188,6 +188,34 @@ def measure(task, seeds, epochs, batch_size, units, num_buckets, n_train, n_test
     }
 
 
+def table(paths):
+    """The Markdown table of docs/scaling.md from result files."""
+    lines = [
+        "| backend | task | median ratio (range) | pairs | median s/epoch "
+        "bucketed / padded | padded steps | test accuracy bucketed / padded |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        with open(path) as f:
+            report = json.load(f)
+        for r in report["results"]:
+            runs = r["runs"]
+            pairs = sum(len(run["ratios"]) for run in runs)
+            steps = np.mean([run["padded_steps_fraction"] for run in runs])
+            accuracy = ", ".join(
+                f"{run['test_accuracy']['bucketed']:.3f} / "
+                f"{run['test_accuracy']['padded']:.3f}"
+                for run in runs
+            )
+            lines.append(
+                f"| {r['backend']} | {r['task']} | {r['median_ratio']:.2f} "
+                f"({r['min_ratio']:.2f}-{r['max_ratio']:.2f}) | {pairs} | "
+                f"{r['median_epoch_s']['bucketed']:.2f} / "
+                f"{r['median_epoch_s']['padded']:.2f} | {steps:.2f} | {accuracy} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backends", default="tensorflow,jax,torch")
@@ -200,8 +228,14 @@ def main(argv=None):
     parser.add_argument("--n-train", type=int, default=512)
     parser.add_argument("--n-test", type=int, default=256)
     parser.add_argument("--out", help="JSON file to write (default: stdout only)")
+    parser.add_argument(
+        "--table", nargs="+", metavar="JSON", help="print the Markdown table of files"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.child:
         results = [
