@@ -77,10 +77,12 @@ class BucketBatchSampler:
     permutes the indices inside every bucket and then the order of all
     batches across buckets, from a generator seeded with `(seed, epoch)`: the
     same seed gives the same batches on every backend and in every process.
-    The first two batches of an epoch are chosen to differ in padded length
-    and in size whenever the epoch has batches that differ (Keras'
-    TensorFlow data adapter infers its tensor spec from the first two
-    batches; see docs/scaling.md).
+    Without `shuffle`, buckets come in order of their boundary and indices
+    in their original order. Either way, the first two batches of an epoch
+    are made to differ in padded length and in size whenever the epoch has
+    batches that differ (Keras' TensorFlow data adapter infers its tensor
+    spec from the first two batches; see docs/scaling.md): the first batch
+    that differs from the first one moves up to second place.
 
     Iterating over the sampler yields the current epoch's batches (lists of
     int indices) and then advances the epoch, which is what a PyTorch
@@ -91,9 +93,9 @@ class BucketBatchSampler:
     >>> sampler = BucketBatchSampler([3, 9, 4, 8, 2], batch_size=2,
     ...                              boundaries=[4, 9], shuffle=False)
     >>> sampler.batches()
-    [[0, 2], [4], [1, 3]]
+    [[4], [1, 3], [0, 2]]
     >>> [sampler.boundary_of(b) for b in sampler.batches()]
-    [4, 4, 9]
+    [4, 9, 4]
 
     Args:
         lengths: 1-D array-like of the non-negative int length of every
@@ -225,27 +227,33 @@ class BucketBatchSampler:
                 out.append([int(i) for i in chunk])
         if shuffle:
             out = [out[i] for i in rng.permutation(len(out))]
-            self._distinct_first_two(out)
+        self._distinct_first_two(out)
         return out
 
     def _distinct_first_two(self, out):
-        """Moves two batches that differ in padded length and in size (as far
-        as the epoch's batches differ at all) to the front, in place."""
+        """Makes the first two batches differ in padded length and in size
+        (as far as the epoch's batches differ at all), in place: the first
+        batch stays and the first batch that differs from it moves up to
+        second place; if none does, the first such pair moves to the front."""
         keys = [(self.boundary_of(b), len(b)) for b in out]
         many_t = len({k[0] for k in keys}) > 1
         many_n = len({k[1] for k in keys}) > 1
-        first = {}
-        for i, k in enumerate(keys):
-            first.setdefault(k, i)
-        candidates = sorted(first.values())
-        for i in candidates:
-            for j in candidates:
-                a, b = keys[i], keys[j]
-                if (a[0] != b[0] or not many_t) and (a[1] != b[1] or not many_n):
-                    if i != j:
-                        out[0], out[i] = out[i], out[0]
-                        j = i if j == 0 else j
-                        out[1], out[j] = out[j], out[1]
+
+        def differ(a, b):
+            return (a[0] != b[0] or not many_t) and (a[1] != b[1] or not many_n)
+
+        if len(out) < 2 or differ(keys[0], keys[1]):
+            return
+        for j in range(2, len(out)):
+            if differ(keys[0], keys[j]):
+                out.insert(1, out.pop(j))
+                return
+        for i in range(1, len(out)):
+            for j in range(i + 1, len(out)):
+                if differ(keys[i], keys[j]):
+                    second = out.pop(j)
+                    first = out.pop(i)
+                    out[:0] = [first, second]
                     return
 
     def __iter__(self):

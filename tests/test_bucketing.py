@@ -60,6 +60,11 @@ def test_sampler_covers_every_index_once_in_its_bucket():
             assert lengths[b].max() <= t
             lower = {10: -1, 25: 10, 49: 25}[t]
             assert (lengths[b] > lower).all()
+    assert [sampler.padded_length(n) for n in (0, 10, 11, 49)] == [10, 10, 25, 49]
+    with pytest.raises(
+        ValueError, match="longer than the last boundary 49; got length=50"
+    ):
+        sampler.padded_length(50)
     # Per bucket: ceil(size / 16) batches.
     sizes = [(lengths <= 10).sum(), ((lengths > 10) & (lengths <= 25)).sum()]
     sizes.append(len(lengths) - sum(sizes))
@@ -77,11 +82,16 @@ def test_sampler_shuffles_by_seed_and_epoch():
     # Iterating yields the current epoch and advances it (DataLoader protocol).
     assert list(a) == b.batches(epoch=0) and a.epoch == 1
     assert list(a) == b.batches(epoch=1)
-    # Without shuffling: buckets in order, indices in their original order.
+    # Without shuffling: buckets in order, indices in their original order,
+    # except that two batches differing in length and size lead: here no
+    # batch differs from the first in both, so the first such pair moves up
+    # (the short bucket's 4-row batch and the long bucket's first batch).
     plain = BucketBatchSampler(lengths, 8, boundaries=[19, 39], shuffle=False)
     expected = []
     for members in (np.flatnonzero(lengths <= 19), np.flatnonzero(lengths > 19)):
         expected += [list(members[i : i + 8]) for i in range(0, len(members), 8)]
+    assert [len(b) for b in expected] == [8] * 7 + [4] + [8] * 5
+    expected = expected[7:9] + expected[:7] + expected[9:]
     assert plain.batches() == expected
 
 
@@ -89,11 +99,14 @@ def test_first_two_batches_differ_in_length_and_size():
     # Keras' TensorFlow adapter takes its tensor spec from the first two
     # batches; they must differ wherever the epoch's batches differ.
     lengths = np.random.default_rng(0).integers(1, 30, 90)
-    sampler = BucketBatchSampler(lengths, 16, boundaries=[10, 20, 29], seed=0)
-    for epoch in range(10):
-        first, second = sampler.batches(epoch=epoch)[:2]
-        assert sampler.boundary_of(first) != sampler.boundary_of(second)
-        assert len(first) != len(second)
+    for shuffle in (True, False):
+        sampler = BucketBatchSampler(
+            lengths, 16, boundaries=[10, 20, 29], seed=0, shuffle=shuffle
+        )
+        for epoch in range(10):
+            first, second = sampler.batches(epoch=epoch)[:2]
+            assert sampler.boundary_of(first) != sampler.boundary_of(second)
+            assert len(first) != len(second)
 
 
 def test_drop_remainder_keeps_only_full_batches():
