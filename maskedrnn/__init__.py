@@ -2,7 +2,8 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import convert, datasets, export, ops
+from maskedrnn import bucketing, convert, datasets, export, ops
+from maskedrnn.convert.checkpoint import load_weights
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.ctc import MaskedCTC, ctc_decode, ctc_ids_to_text, masked_ctc
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
@@ -22,12 +23,14 @@ __all__ = [
     "MaskedMeanSquaredError",
     "MaskedRNN",
     "bidirectional_to_masked",
+    "bucketing",
     "convert",
     "convert_model",
     "ctc_decode",
     "ctc_ids_to_text",
     "datasets",
     "export",
+    "load_weights",
     "masked_ctc",
     "masked_loss",
     "ops",

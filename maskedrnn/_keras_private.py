@@ -20,3 +20,7 @@ from keras.src.losses.loss import reduce_weighted_values  # noqa: F401
 
 # How Keras turns a loss function into a `Loss` (as `model.compile` does).
 from keras.src.losses.losses import LossFunctionWrapper  # noqa: F401
+
+# The class of models made with `keras.Model(inputs, outputs)` (Keras has no
+# public name for it): convert_model and load_weights rebuild those.
+from keras.src.models.functional import Functional  # noqa: F401

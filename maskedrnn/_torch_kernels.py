@@ -25,6 +25,8 @@ on CPU), and `MaskedBidirectional.kernel_info()` reports which path runs.
 import keras
 import torch
 
+from maskedrnn.convert.gate_layout import swap_gru_zr
+
 LSTM, GRU, SimpleRNN = keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN
 _SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
 _TANH = (keras.activations.tanh, torch.tanh, keras.ops.tanh)
@@ -163,12 +165,10 @@ def _plain_params(cell):
     return params
 
 
-def _zrh_to_rzn(w):
-    """Reorders Keras' GRU gate blocks (z, r, h) on the last axis into
-    PyTorch's (r, z, n): the reset and update blocks swap, the candidate
-    block (Keras h, PyTorch n) stays last."""
-    z, r, h = torch.chunk(w, 3, dim=-1)
-    return torch.cat([r, z, h], dim=-1)
+def _swap_zr(w):
+    # Keras GRU gate blocks z, r, h on the last axis -> PyTorch's r, z, n: the
+    # one definition of this permutation lives with the weight converters.
+    return swap_gru_zr(w, -1, torch.chunk, torch.cat)
 
 
 def _gru_params(cell):
@@ -182,9 +182,9 @@ def _gru_params(cell):
     `(3U, D)`, W_hh `(3U, U)`, b_ih and b_hh `(3U,)`, gates r, z, n. So each
     block is reordered z, r, h -> r, z, h, then the matrices transposed.
     """
-    params = [_zrh_to_rzn(_tensor(cell.kernel)).T.contiguous()]
-    params.append(_zrh_to_rzn(_tensor(cell.recurrent_kernel)).T.contiguous())
+    params = [_swap_zr(_tensor(cell.kernel)).T.contiguous()]
+    params.append(_swap_zr(_tensor(cell.recurrent_kernel)).T.contiguous())
     if cell.use_bias:
-        bias = _zrh_to_rzn(_tensor(cell.bias))
+        bias = _swap_zr(_tensor(cell.bias))
         params += [bias[0], bias[1]]
     return params

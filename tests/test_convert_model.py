@@ -1,4 +1,6 @@
-"""convert_model and bidirectional_to_masked, specified against the original models.
+"""`maskedrnn.convert.model`: convert_model and bidirectional_to_masked.
+
+Specified against the original models.
 
 The oracle throughout is the model before conversion: Keras' own
 `Bidirectional` layers fed the Keras masks of `Embedding(mask_zero=True)`.
@@ -13,8 +15,9 @@ import numpy as np
 import pytest
 from keras import layers, ops
 
-from maskedrnn import MaskedBidirectional
-from maskedrnn.convert_model import bidirectional_to_masked, convert_model
+import maskedrnn
+from maskedrnn import MaskedBidirectional, MaskedRNN
+from maskedrnn.convert.model import bidirectional_to_masked, convert_model
 from tests.helpers import BACKEND, flat, to_np
 
 V, T, E, U, B = 12, 8, 3, 4, 5
@@ -108,6 +111,25 @@ def functional_model():
     return keras.Model(ids, layers.Dense(2, name="head")(out), name="big")
 
 
+def rnn_model():
+    """Plain RNNs outside a Bidirectional (LSTM returning sequences, a GRU
+    reading backwards and returning its state, a SimpleRNN) around one
+    Bidirectional, over `Embedding(mask_zero=True)`'s mask."""
+    ids = keras.Input((T,), dtype="int32")
+    x = layers.Embedding(V, E, mask_zero=True, name="embed")(ids)
+    x = layers.LSTM(U, return_sequences=True, use_cudnn=False, name="lstm_seq")(x)
+    x = layers.Bidirectional(layers.GRU(U, return_sequences=True), name="bi")(x)
+    x, h = layers.GRU(
+        U, return_sequences=True, return_state=True, go_backwards=True, name="gru_back"
+    )(x)
+    y = layers.SimpleRNN(U, name="simple")(x)
+    out = layers.Dense(2, name="head")(layers.Concatenate()([y, h]))
+    return keras.Model(ids, out, name="rnns")
+
+
+PLAIN_RNNS = ("lstm_seq", "gru_back", "simple")
+
+
 # ------------------------------------------------------------------ models
 
 
@@ -132,6 +154,95 @@ def test_sequential_model_converted_with_same_predictions():
         assert_same_weights(new.get_layer(layer.name), layer)
     assert new.compiled and new.optimizer is not old.optimizer
     assert_same_predictions(new, old, padded_ids())
+
+
+def test_public_paths_keep_working():
+    """`convert_model` moved into the `maskedrnn.convert` package; the old
+    import paths still give the same functions."""
+    from maskedrnn.convert_model import bidirectional_to_masked as old_b2m
+    from maskedrnn.convert_model import convert_model as old_convert_model
+
+    assert maskedrnn.convert_model is convert_model is old_convert_model
+    assert maskedrnn.bidirectional_to_masked is bidirectional_to_masked is old_b2m
+
+
+def test_unregistered_loss_function_converts_without_compile_state():
+    """A loss or metric that is a plain, unregistered function cannot be
+    rebuilt from `get_compile_config()`: Keras' own `clone_model` raises.
+    convert_model converts the architecture and weights anyway, leaves the
+    new model uncompiled and says how to compile it."""
+
+    def ctc_loss(y_true, y_pred):
+        return ops.mean(ops.square(ops.cast(y_true, "float32") - y_pred))
+
+    old = sequential_model()
+    old.compile(optimizer="adam", loss=ctc_loss, metrics=[ctc_loss])
+    with pytest.raises(TypeError, match="Could not locate function 'ctc_loss'"):
+        keras.models.clone_model(old)
+    with pytest.warns(UserWarning, match="could not compile") as record:
+        new = convert_model(old)
+    (message,) = [
+        str(w.message) for w in record if "could not compile" in str(w.message)
+    ]
+    assert "'tagger'" in message and "Could not locate function" in message
+    assert "new_model.compile(" in message and "register_keras_serializable" in message
+    assert not new.compiled
+    assert old.compiled and old.loss is ctc_loss  # the original is untouched
+    assert isinstance(new.get_layer("bi_1"), MaskedBidirectional)
+    assert_same_predictions(new, old, padded_ids())
+    # Compiled as the warning says, it is the original's loss.
+    new.compile(optimizer="adam", loss=ctc_loss)
+    assert new.compiled and new.loss is ctc_loss
+
+
+def test_plain_rnns_become_masked_rnn_with_same_predictions():
+    old = rnn_model()
+    new = convert_model(old)
+    names = [layer.name for layer in old.layers[1:]]  # after the Input
+    assert [layer.name for layer in new.layers[1:]] == names
+    for name in PLAIN_RNNS:
+        assert isinstance(new.get_layer(name), MaskedRNN), name
+        assert_same_weights(new.get_layer(name), old.get_layer(name))
+    assert isinstance(new.get_layer("bi"), MaskedBidirectional)
+    assert new.get_layer("gru_back").go_backwards
+    assert new.get_layer("gru_back").return_state
+    # use_cudnn is not in the config; it is carried over.
+    assert new.get_layer("lstm_seq").layer.use_cudnn is False
+    assert_same_predictions(new, old, padded_ids(5))
+
+
+def test_only_and_exclude_choose_the_layers():
+    old = rnn_model()
+    new = convert_model(old, only=layers.Bidirectional)
+    assert isinstance(new.get_layer("bi"), MaskedBidirectional)
+    assert [type(new.get_layer(n)) for n in PLAIN_RNNS] == [
+        layers.LSTM,
+        layers.GRU,
+        layers.SimpleRNN,
+    ]
+    new = convert_model(old, only=["lstm_seq", layers.SimpleRNN])
+    names = ("lstm_seq", "bi", "gru_back", "simple")
+    assert [type(new.get_layer(n)) for n in names] == [
+        MaskedRNN,
+        layers.Bidirectional,
+        layers.GRU,
+        MaskedRNN,
+    ]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        new = convert_model(old, exclude=["gru_back"])
+    # Left out on purpose: no warning about it.
+    assert not [w for w in record if "convert_model" in str(w.message)]
+    assert type(new.get_layer("gru_back")) is layers.GRU
+    assert isinstance(new.get_layer("simple"), MaskedRNN)
+    assert_same_predictions(new, old, padded_ids(6))
+
+    with pytest.raises(ValueError, match="`only` names layer 'lstm'.*'lstm_seq'"):
+        convert_model(old, only="lstm")
+    with pytest.raises(TypeError, match="layer names and layer classes.*got 3"):
+        convert_model(old, exclude=[3])
+    with pytest.raises(TypeError, match="MaskedRNN"):
+        convert_model(layers.LSTM(U))
 
 
 def test_original_model_unchanged_and_weights_not_shared():
@@ -230,6 +341,11 @@ class MyBidirectional(layers.Bidirectional):
 
 
 @keras.saving.register_keras_serializable(package="test_convert_model")
+class MyLSTM(layers.LSTM):
+    pass
+
+
+@keras.saving.register_keras_serializable(package="test_convert_model")
 class Block(layers.Layer):
     """A custom layer holding a Bidirectional."""
 
@@ -251,6 +367,8 @@ UNCONVERTIBLE = {
     "bi_go_backwards": "go_backwards=True",
     "bi_subclass": "subclass of Bidirectional",
     "bi_in_block": "inside Block 'block'",
+    "lstm_stateful": "stateful=True",
+    "lstm_subclass": "subclass (MyLSTM)",
 }
 
 
@@ -268,6 +386,9 @@ def mixed_model():
         )(x),
         MyBidirectional(layers.GRU(U), name="bi_subclass")(x),
         Block(U, name="block")(x),
+        layers.GRU(U, name="gru_ok")(x),
+        layers.LSTM(U, stateful=True, name="lstm_stateful")(x),
+        MyLSTM(U, name="lstm_subclass")(x),
     ]
     return keras.Model(x, outputs)
 
@@ -282,6 +403,9 @@ def test_unconvertible_layers_kept_with_a_warning():
         assert any(f"'{name}'" in m and reason in m for m in messages), name
 
     assert isinstance(new.get_layer("bi_ok"), MaskedBidirectional)
+    assert isinstance(new.get_layer("gru_ok"), MaskedRNN)
+    assert type(new.get_layer("lstm_stateful")) is layers.LSTM
+    assert type(new.get_layer("lstm_subclass")) is MyLSTM
     for name in ("bi_stateful", "bi_cumsum", "bi_go_backwards"):
         assert type(new.get_layer(name)) is layers.Bidirectional
     assert type(new.get_layer("bi_subclass")) is MyBidirectional

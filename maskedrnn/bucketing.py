@@ -1,0 +1,541 @@
+"""Length bucketing: batches of similar length, each padded only to its bucket.
+
+Masking makes padded steps harmless, not free: a batch padded to a global
+`maxlen` still runs every RNN step. Grouping sequences of similar length and
+padding each batch only to its bucket's boundary skips most of that work,
+while the set of padded lengths stays small (one per boundary), so a compiled
+train step (`jax.jit`) is built a bounded number of times.
+
+* `BucketBatchSampler` (NumPy only) turns sequence lengths into batches of
+  row indices, bucket by bucket, with seeded shuffling. It is a valid
+  `batch_sampler` for a PyTorch `torch.utils.data.DataLoader` (see
+  docs/scaling.md).
+* `BucketedDataset` is a `keras.utils.PyDataset` built on it: it pads each
+  batch with `maskedrnn.datasets.pad_batch` to the bucket's boundary and feeds
+  `model.fit`, `evaluate` and `predict` on every backend;
+  `BucketedDataset.predict` returns predictions in the caller's order.
+"""
+
+import numbers
+
+import keras
+import numpy as np
+
+from maskedrnn.datasets import pad_batch
+
+__all__ = ["BucketBatchSampler", "BucketedDataset", "quantile_boundaries"]
+
+
+def _check_int(name, value, low):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < low
+    ):
+        raise ValueError(f"{name} must be an int >= {low}; got {name}={value!r}.")
+    return int(value)
+
+
+def quantile_boundaries(lengths, num_buckets):
+    """Bucket boundaries at the quantiles of a length distribution.
+
+    Boundary `i` is the `(i + 1) / num_buckets` quantile of `lengths`, rounded
+    up to a length that occurs (so about the same number of sequences falls
+    in each bucket); repeated values are merged, so fewer than `num_buckets`
+    boundaries may come back. The last boundary is `max(lengths)`.
+
+    Example:
+
+    >>> quantile_boundaries([3, 5, 8, 9, 20, 21, 22, 40], 4)
+    [8, 20, 22, 40]
+
+    Args:
+        lengths: 1-D array-like of non-negative ints.
+        num_buckets: Int >= 1, the largest number of boundaries.
+
+    Returns:
+        A sorted list of distinct Python ints.
+    """
+    num_buckets = _check_int("num_buckets", num_buckets, 1)
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise ValueError(
+            "lengths must be a non-empty 1-D array of sequence lengths; got "
+            f"lengths of shape {lengths.shape}."
+        )
+    q = np.arange(1, num_buckets + 1) / num_buckets
+    values = np.quantile(lengths, q, method="higher")
+    return sorted({int(v) for v in values})
+
+
+class BucketBatchSampler:
+    """Groups sequence indices into batches of similar length.
+
+    Every sequence goes into the first bucket whose boundary is at least its
+    length. Within a bucket, indices are cut into batches of `batch_size` (the
+    last one smaller unless `drop_remainder`). With `shuffle`, each epoch
+    permutes the indices inside every bucket and then the order of all
+    batches across buckets, from a generator seeded with `(seed, epoch)`: the
+    same seed gives the same batches on every backend and in every process.
+    Without `shuffle`, buckets come in order of their boundary and indices
+    in their original order. Either way, the first two batches of an epoch
+    are made to differ in padded length and in size whenever the epoch has
+    batches that differ (Keras' TensorFlow data adapter infers its tensor
+    spec from the first two batches; see docs/scaling.md): the first batch
+    that differs from the first one moves up to second place.
+
+    Iterating over the sampler yields the current epoch's batches (lists of
+    int indices) and then advances the epoch, which is what a PyTorch
+    `DataLoader(batch_sampler=...)` expects.
+
+    Example:
+
+    >>> sampler = BucketBatchSampler([3, 9, 4, 8, 2], batch_size=2,
+    ...                              boundaries=[4, 9], shuffle=False)
+    >>> sampler.batches()
+    [[4], [1, 3], [0, 2]]
+    >>> [sampler.boundary_of(b) for b in sampler.batches()]
+    [4, 9, 4]
+
+    Args:
+        lengths: 1-D array-like of the non-negative int length of every
+            sequence.
+        batch_size: Int >= 1, rows per batch.
+        boundaries: Sorted list of ints, the padded length of each bucket,
+            or `None` (default) for `quantile_boundaries(lengths,
+            num_buckets)`. The last one must be at least `max(lengths)`.
+        num_buckets: Int >= 1, the number of quantile buckets when
+            `boundaries` is `None`. Defaults to `4`.
+        shuffle: Bool, shuffle within and across buckets each epoch.
+            Defaults to `True`.
+        seed: Int or `None` (default: a random seed drawn once), the seed of
+            the shuffling.
+        drop_remainder: Bool, drop each bucket's last batch when it has fewer
+            than `batch_size` rows. Defaults to `False`.
+    """
+
+    def __init__(
+        self,
+        lengths,
+        batch_size,
+        boundaries=None,
+        num_buckets=4,
+        shuffle=True,
+        seed=None,
+        drop_remainder=False,
+    ):
+        lengths = np.asarray(lengths)
+        if lengths.ndim != 1 or lengths.size == 0:
+            raise ValueError(
+                "lengths must be a non-empty 1-D array with one length per "
+                f"sequence; got lengths of shape {lengths.shape}."
+            )
+        if not np.issubdtype(lengths.dtype, np.integer) or lengths.min() < 0:
+            raise ValueError(
+                "lengths must hold non-negative ints; got dtype "
+                f"{lengths.dtype} and minimum {lengths.min()}."
+            )
+        self.lengths = lengths.astype(np.int64)
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        if boundaries is None:
+            boundaries = quantile_boundaries(self.lengths, num_buckets)
+        else:
+            boundaries = [
+                _check_int(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)
+            ]
+            if not boundaries or boundaries != sorted(set(boundaries)):
+                raise ValueError(
+                    "boundaries must be a non-empty, strictly increasing list of "
+                    f"padded lengths; got boundaries={boundaries}."
+                )
+        longest = int(self.lengths.max())
+        if boundaries[-1] < longest:
+            raise ValueError(
+                f"The longest sequence has length {longest}, more than the last "
+                f"boundary; add a boundary >= {longest}. Got "
+                f"boundaries={boundaries}."
+            )
+        self.boundaries = boundaries
+        self.shuffle = bool(shuffle)
+        if seed is None:
+            seed = int(np.random.default_rng().integers(2**31))
+        self.seed = _check_int("seed", seed, 0)
+        self.drop_remainder = bool(drop_remainder)
+        self.epoch = 0
+        bucket = np.searchsorted(np.asarray(boundaries), self.lengths, side="left")
+        self.bucket_ids = bucket
+        self._members = [np.flatnonzero(bucket == b) for b in range(len(boundaries))]
+        self._num_batches = sum(self._bucket_batches(len(m)) for m in self._members)
+        if self._num_batches == 0:
+            raise ValueError(
+                "drop_remainder=True leaves no batch: every bucket has fewer than "
+                f"batch_size={self.batch_size} sequences; got bucket sizes "
+                f"{[len(m) for m in self._members]}. Use a smaller batch_size or "
+                "fewer buckets."
+            )
+
+    def _bucket_batches(self, size):
+        if self.drop_remainder:
+            return size // self.batch_size
+        return -(-size // self.batch_size)
+
+    def __len__(self):
+        return self._num_batches
+
+    def padded_length(self, length):
+        """The boundary a sequence of `length` steps is padded to: the
+        smallest boundary >= `length`."""
+        if length > self.boundaries[-1]:
+            raise ValueError(
+                f"length {length} is longer than the last boundary "
+                f"{self.boundaries[-1]}; got length={length}."
+            )
+        return self.boundaries[int(np.searchsorted(self.boundaries, length))]
+
+    def boundary_of(self, batch):
+        """The padded length of a batch: the boundary of its longest row."""
+        return self.padded_length(
+            int(self.lengths[np.asarray(batch, dtype=np.int64)].max())
+        )
+
+    def batches(self, epoch=None, shuffle=None, drop_remainder=None):
+        """The batches of one epoch, as lists of int indices.
+
+        Args:
+            epoch: Int or `None` (default: the current `epoch`); seeds the
+                shuffling together with `seed`.
+            shuffle: Bool or `None` (default: the sampler's `shuffle`).
+            drop_remainder: Bool or `None` (default: the sampler's
+                `drop_remainder`).
+
+        Returns:
+            A list of lists of indices into `lengths` (`len(self)` of them
+            with the sampler's own `drop_remainder`).
+        """
+        epoch = self.epoch if epoch is None else epoch
+        shuffle = self.shuffle if shuffle is None else shuffle
+        drop = self.drop_remainder if drop_remainder is None else drop_remainder
+        rng = np.random.default_rng([self.seed, epoch])
+        out = []
+        for members in self._members:
+            if shuffle:
+                members = rng.permutation(members)
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start : start + self.batch_size]
+                if drop and len(chunk) < self.batch_size:
+                    continue
+                out.append([int(i) for i in chunk])
+        if shuffle:
+            out = [out[i] for i in rng.permutation(len(out))]
+        self._distinct_first_two(out)
+        return out
+
+    def _distinct_first_two(self, out):
+        """Makes the first two batches differ in padded length and in size
+        (as far as the epoch's batches differ at all), in place: the first
+        batch stays and the first batch that differs from it moves up to
+        second place; if none does, the first such pair moves to the front."""
+        keys = [(self.boundary_of(b), len(b)) for b in out]
+        many_t = len({k[0] for k in keys}) > 1
+        many_n = len({k[1] for k in keys}) > 1
+
+        def differ(a, b):
+            return (a[0] != b[0] or not many_t) and (a[1] != b[1] or not many_n)
+
+        if len(out) < 2 or differ(keys[0], keys[1]):
+            return
+        for j in range(2, len(out)):
+            if differ(keys[0], keys[j]):
+                out.insert(1, out.pop(j))
+                return
+        for i in range(1, len(out)):
+            for j in range(i + 1, len(out)):
+                if differ(keys[i], keys[j]):
+                    second = out.pop(j)
+                    first = out.pop(i)
+                    out[:0] = [first, second]
+                    return
+
+    def __iter__(self):
+        batches = self.batches()
+        self.epoch += 1
+        return iter(batches)
+
+
+def _as_sequences(name, values):
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        raise TypeError(
+            f"{name} must be a list of arrays of shape (time, *features), one per "
+            "sequence, unpadded; got a NumPy array of shape "
+            f"{values.shape}. Pass list(array) if its rows are whole sequences."
+        )
+    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
+        raise TypeError(
+            f"{name} must be a non-empty list of arrays, one per sequence; got "
+            f"{type(values).__name__}."
+        )
+    arrays = [np.asarray(v) for v in values]
+    for i, a in enumerate(arrays):
+        if a.ndim == 0:
+            raise ValueError(
+                f"{name}[{i}] is a scalar; every sequence needs a time axis "
+                f"(shape (time, *features)); got {a!r}."
+            )
+    return arrays
+
+
+class BucketedDataset(keras.utils.PyDataset):
+    """A `keras.utils.PyDataset` of length-bucketed, per-batch padded batches.
+
+    Sequences are grouped by `BucketBatchSampler`; each batch is padded (with
+    `maskedrnn.datasets.pad_batch`) only to its bucket's boundary, so a batch
+    of short sequences runs few RNN steps. A model built on
+    `maskedrnn.MaskedBidirectional` (with a mask or `lengths`) gives the same
+    results on a batch whatever its padded length, so bucketing changes the
+    cost of training, not its result. The padded lengths are the
+    `boundaries`: on JAX a fit compiles its train step once per distinct
+    `(batch size, boundary)` shape; on TensorFlow the dataset's spec has a
+    free time axis and the step is traced once (docs/scaling.md).
+
+    Labels are either one per sequence (a NumPy array of shape
+    `(num_sequences, ...)`) or one per step (a list of arrays whose first
+    axis has each sequence's length); per-step labels are padded with
+    `label_pad_value`, the `pad_value` of `maskedrnn.MaskedLoss` and
+    `maskedrnn.MaskedAccuracy`.
+
+    Example:
+
+    >>> x = [np.ones((n, 3), "float32") for n in (4, 9, 5, 8)]
+    >>> ds = BucketedDataset(x, np.arange(4), batch_size=2, boundaries=[5, 9],
+    ...                      shuffle=False)
+    >>> [batch[0].shape for batch in ds]
+    [(2, 5, 3), (2, 9, 3)]
+
+    Args:
+        x: List of arrays, one per sequence, each of shape `(time, *features)`
+            (token ids of shape `(time,)`, or feature vectors), unpadded.
+        y: `None` (default; inputs only, e.g. for `predict`), a NumPy array
+            of per-sequence labels of shape `(len(x), ...)`, or a list of
+            per-step label arrays of shape `(len(x[i]), ...)`.
+        batch_size: Int >= 1. Defaults to `32`.
+        boundaries: Sorted list of padded lengths, or `None` (default) for
+            `num_buckets` quantiles of the lengths.
+        num_buckets: Int >= 1, used when `boundaries` is `None`. Defaults to
+            `4`.
+        padding: `"post"` (default) pads after each sequence, `"pre"` before
+            it (`keras.utils.pad_sequences`' default).
+        value: Scalar written into padded input steps. Defaults to `0` (the
+            id that `Embedding(mask_zero=True)` masks and the value
+            `keras.layers.Masking()` masks).
+        label_pad_value: Scalar written into padded per-step labels.
+            Defaults to `-1`.
+        return_lengths: Bool. If `True`, the inputs of a batch are the tuple
+            `(padded, lengths)` (int32 lengths, for a model with a `lengths`
+            input); if `False` (default), just `padded`.
+        shuffle: Bool, seeded shuffling within and across buckets, a new
+            order each epoch. Defaults to `True`.
+        seed: Int or `None` (default: random), the shuffling seed.
+        drop_remainder: Bool, drop each bucket's last incomplete batch.
+            Defaults to `False`.
+        dtype: NumPy dtype of the padded inputs, or `None` (default) for the
+            dtype of `x[0]`.
+        **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
+            `keras.utils.PyDataset`.
+
+    Call arguments:
+        `ds[i]` returns batch `i` of the current epoch: `(inputs, labels)`,
+        or `(inputs,)` when `y` is `None`, where `inputs` has shape
+        `(batch, boundary, *features)` (and comes with the lengths when
+        `return_lengths`), per-sequence labels have shape `(batch, ...)` and
+        per-step labels `(batch, boundary, ...)`.
+    """
+
+    def __init__(
+        self,
+        x,
+        y=None,
+        batch_size=32,
+        boundaries=None,
+        num_buckets=4,
+        padding="post",
+        value=0,
+        label_pad_value=-1,
+        return_lengths=False,
+        shuffle=True,
+        seed=None,
+        drop_remainder=False,
+        dtype=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if padding not in ("pre", "post"):
+            raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
+        self.x = _as_sequences("x", x)
+        self.lengths = np.asarray([len(a) for a in self.x], dtype=np.int32)
+        self.y, self.per_step_labels = self._labels(y)
+        self.padding = padding
+        self.value = value
+        self.label_pad_value = label_pad_value
+        self.return_lengths = bool(return_lengths)
+        self.dtype = np.dtype(self.x[0].dtype if dtype is None else dtype)
+        self.sampler = BucketBatchSampler(
+            self.lengths,
+            batch_size,
+            boundaries=boundaries,
+            num_buckets=num_buckets,
+            shuffle=shuffle,
+            seed=seed,
+            drop_remainder=drop_remainder,
+        )
+        self._batches = self.sampler.batches()
+
+    def _labels(self, y):
+        if y is None:
+            return None, False
+        if isinstance(y, np.ndarray) and y.dtype != object:
+            if len(y) != len(self.x):
+                raise ValueError(
+                    f"y has {len(y)} rows but x has {len(self.x)} sequences; got "
+                    f"y of shape {y.shape}."
+                )
+            return y, False
+        labels = _as_sequences("y", y)
+        if len(labels) != len(self.x):
+            raise ValueError(
+                f"y has {len(labels)} label sequences but x has {len(self.x)} "
+                "sequences; pass one per sequence."
+            )
+        for i, (a, n) in enumerate(zip(labels, self.lengths)):
+            if len(a) != n:
+                raise ValueError(
+                    f"y[{i}] has {len(a)} steps but x[{i}] has {n}: per-step "
+                    "labels need one label per step (pass per-sequence labels "
+                    f"as a NumPy array); got y[{i}] of shape {a.shape}."
+                )
+        return labels, True
+
+    @property
+    def boundaries(self):
+        """The padded lengths, one per bucket."""
+        return self.sampler.boundaries
+
+    @property
+    def num_batches(self):
+        return len(self._batches)
+
+    def __len__(self):
+        return len(self._batches)
+
+    @property
+    def batch_indices(self):
+        """The current epoch's batches, as lists of indices into `x`: the
+        row order of `model.predict(dataset)`'s concatenated results."""
+        return [list(b) for b in self._batches]
+
+    def make_batch(self, indices):
+        """Pads the sequences `indices` to their bucket's boundary.
+
+        Returns:
+            `(inputs, labels)`, or `(inputs,)` when there are no labels; see
+            the class' call arguments.
+        """
+        boundary = self.sampler.boundary_of(indices)
+        padded, lengths = pad_batch(
+            [self.x[i] for i in indices],
+            maxlen=boundary,
+            padding=self.padding,
+            value=self.value,
+            dtype=self.dtype,
+        )
+        inputs = (padded, lengths) if self.return_lengths else padded
+        if self.y is None:
+            return (inputs,)
+        if self.per_step_labels:
+            labels, _ = pad_batch(
+                [self.y[i] for i in indices],
+                maxlen=boundary,
+                padding=self.padding,
+                value=self.label_pad_value,
+                dtype=self.y[indices[0]].dtype,
+            )
+        else:
+            labels = self.y[np.asarray(indices)]
+        return inputs, labels
+
+    def __getitem__(self, index):
+        if not 0 <= index < len(self._batches):
+            raise IndexError(
+                f"batch index {index} is out of range for {len(self._batches)} "
+                f"batches; got index={index}."
+            )
+        return self.make_batch(self._batches[index])
+
+    def on_epoch_end(self):
+        if self.sampler.shuffle:
+            self.sampler.epoch += 1
+            self._batches = self.sampler.batches()
+
+    def predict(self, model, per_step=None, pad_to_max=False):
+        """Runs `model` on every sequence, bucket by bucket, and returns the
+        predictions in the order of `x`.
+
+        All sequences are predicted (no shuffling, no dropped remainder), one
+        `model.predict_on_batch` per batch.
+
+        Args:
+            model: A Keras model taking this dataset's inputs.
+            per_step: Bool or `None` (default). Whether the model's outputs
+                have a time axis (axis 1, the padded length). `None` decides
+                per output: it has one when its axis 1 equals the padded
+                length of every batch.
+            pad_to_max: Bool. For per-step outputs: `False` (default)
+                returns a list with one array per sequence holding its valid
+                steps only; `True` returns one array re-padded (zeros, same
+                `padding` side) to the last boundary.
+
+        Returns:
+            The model's output structure (an array, or a list/dict of them)
+            with per-sequence outputs of shape `(len(x), ...)` in the order of
+            `x`, and per-step outputs as described under `pad_to_max`.
+        """
+        batches = self.sampler.batches(shuffle=False, drop_remainder=False)
+        results = []
+        for indices in batches:
+            out = model.predict_on_batch(self.make_batch(indices)[0])
+            results.append(
+                (indices, self.sampler.boundary_of(indices), keras.tree.flatten(out))
+            )
+            structure = out
+        n_out = len(results[0][2])
+        flat = []
+        for k in range(n_out):
+            steps = per_step
+            if steps is None:
+                steps = all(
+                    np.ndim(outs[k]) >= 2 and np.shape(outs[k])[1] == boundary
+                    for _, boundary, outs in results
+                )
+            flat.append(self._reorder(results, k, steps, pad_to_max))
+        return keras.tree.pack_sequence_as(structure, flat)
+
+    def _reorder(self, results, k, steps, pad_to_max):
+        rows = [None] * len(self.x)
+        for indices, boundary, outs in results:
+            values = np.asarray(outs[k])
+            for row, i in zip(values, indices):
+                if steps:
+                    n = int(self.lengths[i])
+                    row = row[:n] if self.padding == "post" else row[boundary - n :]
+                rows[i] = row
+        if not steps:
+            return np.stack(rows)
+        if not pad_to_max:
+            return rows
+        padded, _ = pad_batch(
+            rows,
+            maxlen=self.boundaries[-1],
+            padding=self.padding,
+            value=0,
+            dtype=rows[0].dtype,
+        )
+        return padded

@@ -1,0 +1,604 @@
+"""The one-line upgrade: swap `keras.layers.Bidirectional` for `MaskedBidirectional`.
+
+`convert_model(model)` returns a new Sequential or Functional model in which
+every `keras.layers.Bidirectional` around a Keras RNN layer is a
+`maskedrnn.MaskedBidirectional` with the same configuration, name and
+weights; every other layer is a copy of the original (same config and
+weights). Given the same inputs (and so the same Keras masks) the new model
+computes what the old one computes, but its inner RNNs run without a mask,
+so Keras can use its fused cuDNN kernels on GPU.
+
+`bidirectional_to_masked(layer)` does the same for a single layer.
+"""
+
+import inspect
+import warnings
+
+import keras
+
+# `Functional` (private, see `maskedrnn._keras_private`) is the class of models
+# made with `keras.Model(inputs, outputs)`. `Layer._flatten_layers`, a private
+# method, lists a layer's sublayers (to find RNNs hidden inside a layer that is
+# copied as a whole).
+from maskedrnn._keras_private import Functional
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
+
+__all__ = ["bidirectional_to_masked", "convert_model"]
+
+_CALL_SIGNATURE = inspect.signature(keras.layers.Bidirectional.call)
+_MASKED_CALL_SIGNATURE = inspect.signature(MaskedBidirectional.call)
+_RNN_CALL_SIGNATURE = inspect.signature(keras.layers.RNN.call)
+_MASKED_RNN_CALL_SIGNATURE = inspect.signature(MaskedRNN.call)
+
+# The plain RNN layers convert_model upgrades to MaskedRNN: those with a fused
+# kernel to keep (`keras.layers.RNN(cell)` has none and is copied as it is).
+_PLAIN_RNNS = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
+# Layers whose sublayers are RNNs by design, not layers left unconverted.
+_RNN_WRAPPERS = (keras.layers.Bidirectional, MaskedBidirectional, MaskedRNN)
+
+_SUBCLASSED_HOWTO = (
+    "Swap the layer by hand: in the model's __init__, replace e.g. "
+    "`self.rnn = keras.layers.Bidirectional(keras.layers.LSTM(64))` by "
+    "`self.rnn = maskedrnn.MaskedBidirectional(keras.layers.LSTM(64))` (same "
+    "arguments; call it with the same `mask`), create and build the new model "
+    "(call it once on a batch), then copy the weights with "
+    "`new_model.set_weights(old_model.get_weights())`: MaskedBidirectional "
+    "holds the same weights as Bidirectional, in the same order. For one "
+    "built layer, `maskedrnn.bidirectional_to_masked(layer)` returns the "
+    "MaskedBidirectional with its weights."
+)
+
+
+def _unconvertible_reason(layer):
+    """Why `layer` (a `Bidirectional`) cannot become a `MaskedBidirectional`.
+
+    Returns `None` when it can.
+    """
+    if type(layer) is not keras.layers.Bidirectional:
+        return (
+            f"it is a subclass of Bidirectional ({type(layer).__name__}), "
+            "whose own behaviour MaskedBidirectional would not keep"
+        )
+    for inner in (layer.forward_layer, layer.backward_layer):
+        if not isinstance(inner, keras.layers.RNN):
+            return (
+                f"it wraps {type(inner).__name__} '{inner.name}', which is not "
+                "a keras.layers.RNN (MaskedBidirectional wraps RNN layers only)"
+            )
+    if layer.stateful:
+        return (
+            "its RNN is stateful=True; MaskedBidirectional does not carry "
+            "states across batches"
+        )
+    if layer.forward_layer.go_backwards:
+        return (
+            "its wrapped layer has go_backwards=True, so its 'forward' "
+            "direction reads backwards; MaskedBidirectional needs a forward "
+            "layer with go_backwards=False"
+        )
+    return None
+
+
+def _rnn_unconvertible_reason(layer):
+    """Why a plain `LSTM`/`GRU`/`SimpleRNN` cannot become a `MaskedRNN`.
+
+    Returns `None` when it can.
+    """
+    if type(layer) not in _PLAIN_RNNS:
+        return (
+            f"it is a subclass ({type(layer).__name__}) of a Keras RNN layer, "
+            "whose own behaviour MaskedRNN would not keep"
+        )
+    if layer.stateful:
+        return "it is stateful=True; MaskedRNN does not carry states across batches"
+    return None
+
+
+def _masked_from_rnn(layer):
+    """An unbuilt `MaskedRNN` around a copy of `layer` (config and
+    `use_cudnn`), with its name, dtype and `trainable`."""
+    return MaskedRNN(
+        _plain_copy(layer),
+        name=layer.name,
+        dtype=layer.dtype_policy,
+        trainable=layer.trainable,
+    )
+
+
+def _rnn_from_masked(layer):
+    """The plain RNN layer a `MaskedRNN` stands for (inverse of
+    `_masked_from_rnn`), from the public config `MaskedRNN.get_config()`
+    gives its inner layer (`return_sequences`, `go_backwards`, ... as given)."""
+    config = layer.get_config()["layer"]
+    config["config"]["name"] = layer.name
+    config["config"]["trainable"] = layer.trainable
+    new = keras.saving.deserialize_keras_object(config)
+    if hasattr(layer.layer, "use_cudnn"):
+        new.use_cudnn = layer.layer.use_cudnn
+    return new
+
+
+def _lengths_to_mask(inputs, lengths):
+    # `lengths` means right-padded rows of `lengths[i]` valid steps:
+    # mask[i, t] = t + 1 <= lengths[i] (time may be unknown here).
+    ones = keras.ops.ones_like(inputs[:, :, 0], dtype="int32")
+    positions = keras.ops.cumsum(ones, axis=1)
+    lengths = keras.ops.expand_dims(keras.ops.cast(lengths, "int32"), -1)
+    return keras.ops.less_equal(positions, lengths)
+
+
+def _copy_use_cudnn(source, target):
+    """Copies `use_cudnn`, which RNN configs do not hold, onto a copy."""
+    for attr in (None, "forward_layer", "backward_layer"):
+        src = source if attr is None else getattr(source, attr, None)
+        dst = target if attr is None else getattr(target, attr, None)
+        if src is not None and dst is not None and hasattr(src, "use_cudnn"):
+            dst.use_cudnn = src.use_cudnn
+
+
+def _masked_from_bidirectional(layer):
+    """An unbuilt `MaskedBidirectional` with `layer`'s configuration."""
+    base = layer.get_config()
+    for key in ("layer", "backward_layer", "merge_mode"):
+        base.pop(key, None)
+    # The inner layers are passed as objects: MaskedBidirectional copies their
+    # configs and their `use_cudnn` (as Bidirectional does).
+    return MaskedBidirectional(
+        layer.forward_layer,
+        merge_mode=layer.merge_mode,
+        backward_layer=layer.backward_layer,
+        **base,
+    )
+
+
+def _plain_copy(layer):
+    """A copy of `layer` from its config, as `keras.models.clone_model` makes."""
+    new = layer.__class__.from_config(layer.get_config())
+    _copy_use_cudnn(layer, new)
+    return new
+
+
+def _sequences_shape(layer):
+    """The input shape a built `Bidirectional` was built with."""
+    config = layer.get_build_config()
+    if config is None:
+        return None
+    if "input_shape" in config:
+        return config["input_shape"]
+    return config["shapes_dict"].get("sequences_shape")
+
+
+def bidirectional_to_masked(layer):
+    """Returns a `MaskedBidirectional` equivalent to a `Bidirectional` layer.
+
+    The new layer has the configuration (inner RNN layers, `merge_mode`,
+    `name`, `dtype`, `trainable`, the inner layers' `use_cudnn`) of `layer`.
+    If `layer` is built, the new layer is built for the same input shape and
+    holds a copy of its weights (not shared: training one does not change
+    the other); otherwise it is unbuilt. Called with the same inputs and mask
+    it returns the same outputs and states as `layer`.
+
+    Args:
+        layer: A `keras.layers.Bidirectional` instance wrapping a
+            `keras.layers.RNN` layer (`LSTM`, `GRU`, `SimpleRNN`, `RNN(cell)`)
+            that is not stateful and whose wrapped layer has
+            `go_backwards=False`.
+
+    Returns:
+        A `maskedrnn.MaskedBidirectional` instance.
+
+    Raises:
+        TypeError: If `layer` is not a `keras.layers.Bidirectional`.
+        ValueError: If `layer` cannot be expressed as a `MaskedBidirectional`
+            (see `Args`); the message says why.
+
+    Example:
+
+    ```python
+    bidi = keras.layers.Bidirectional(keras.layers.LSTM(8, return_sequences=True))
+    bidi.build((None, None, 3))
+    masked = maskedrnn.bidirectional_to_masked(bidi)  # same weights, built
+    ```
+    """
+    if not isinstance(layer, keras.layers.Bidirectional):
+        raise TypeError(
+            "`layer` must be a keras.layers.Bidirectional instance; got "
+            f"layer={layer!r}. For a whole model use `convert_model(model)`."
+        )
+    reason = _unconvertible_reason(layer)
+    if reason is not None:
+        raise ValueError(
+            f"Bidirectional layer '{layer.name}' cannot become a "
+            f"MaskedBidirectional: {reason}. Keep keras.layers.Bidirectional "
+            "for it."
+        )
+    masked = _masked_from_bidirectional(layer)
+    if layer.built:
+        shape = _sequences_shape(layer)
+        if shape is None:
+            raise ValueError(
+                f"Bidirectional layer '{layer.name}' is marked built but does "
+                "not record the input shape it was built for, so its weights "
+                "cannot be copied; build it with `layer.build(input_shape)` or "
+                "call it once on a batch."
+            )
+        masked.build(shape)
+        masked.set_weights(layer.get_weights())
+    return masked
+
+
+def _bidirectional_from_masked(layer):
+    """An unbuilt `keras.layers.Bidirectional` with `layer`'s configuration
+    (the inverse of `_masked_from_bidirectional`). From the config, whose
+    `backward_layer` has `go_backwards=True` as Bidirectional requires (the
+    layer's own backward RNN reads a sequence it reversed itself)."""
+    new = keras.layers.Bidirectional.from_config(layer.get_config())
+    _copy_use_cudnn(layer, new)
+    return new
+
+
+class _ToMasked:
+    """What `convert_model` swaps: `Bidirectional` -> `MaskedBidirectional`,
+    plain `LSTM`/`GRU`/`SimpleRNN` -> `MaskedRNN`."""
+
+    source = (keras.layers.Bidirectional, *_PLAIN_RNNS)
+
+    @staticmethod
+    def reason(layer):
+        if isinstance(layer, keras.layers.Bidirectional):
+            return _unconvertible_reason(layer)
+        return _rnn_unconvertible_reason(layer)
+
+    @staticmethod
+    def swap(layer):
+        if isinstance(layer, keras.layers.Bidirectional):
+            return _masked_from_bidirectional(layer)
+        return _masked_from_rnn(layer)
+
+    @staticmethod
+    def call(layer, *args, **kwargs):
+        # Bidirectional.call(sequences, initial_state, mask, training) and
+        # RNN.call(sequences, initial_state, mask, training) differ from
+        # MaskedBidirectional/MaskedRNN.call(inputs, mask, lengths,
+        # initial_state, training) in their positional order: pass by name.
+        signature = (
+            _CALL_SIGNATURE
+            if isinstance(layer, MaskedBidirectional)
+            else _RNN_CALL_SIGNATURE
+        )
+        bound = signature.bind(None, *args, **kwargs).arguments
+        bound.pop("self")
+        sequences = bound.pop("sequences")
+        return layer(sequences, **bound)
+
+
+class _ToKeras:
+    """The inverse swap, `MaskedBidirectional` -> `Bidirectional` and
+    `MaskedRNN` -> its plain RNN, used by `maskedrnn.load_weights` to rebuild
+    the model a checkpoint came from."""
+
+    source = (MaskedBidirectional, MaskedRNN)
+
+    @staticmethod
+    def reason(layer):
+        return None
+
+    @staticmethod
+    def swap(layer):
+        if isinstance(layer, MaskedBidirectional):
+            return _bidirectional_from_masked(layer)
+        return _rnn_from_masked(layer)
+
+    @staticmethod
+    def call(layer, *args, **kwargs):
+        signature = (
+            _MASKED_CALL_SIGNATURE
+            if isinstance(layer, keras.layers.Bidirectional)
+            else _MASKED_RNN_CALL_SIGNATURE
+        )
+        bound = signature.bind(None, *args, **kwargs).arguments
+        bound.pop("self")
+        inputs = bound.pop("inputs")
+        lengths = bound.pop("lengths", None)
+        if lengths is not None:
+            bound["mask"] = _lengths_to_mask(inputs, lengths)
+        return layer(inputs, **bound)
+
+
+def _selector(model, only, exclude):
+    """`select(layer) -> bool` for `convert_model`'s `only=` / `exclude=`."""
+    names = {layer.name for layer in model._flatten_layers(include_self=False)}
+
+    def items_of(value, argument):
+        if value is None:
+            return None
+        items = [value] if isinstance(value, (str, type)) else list(value)
+        for item in items:
+            if isinstance(item, str):
+                if item not in names:
+                    raise ValueError(
+                        f"`{argument}` names layer {item!r}, which model "
+                        f"'{model.name}' does not have; got {argument}={value!r}. "
+                        f"Its layers: {sorted(names)}."
+                    )
+            elif not (isinstance(item, type) and issubclass(item, keras.layers.Layer)):
+                raise TypeError(
+                    f"`{argument}` must hold layer names and layer classes (e.g. "
+                    f"keras.layers.LSTM); got {item!r} in {argument}={value!r}."
+                )
+        return items
+
+    def matches(layer, items):
+        return any(
+            layer.name == item if isinstance(item, str) else isinstance(layer, item)
+            for item in items
+        )
+
+    only_items = items_of(only, "only")
+    exclude_items = items_of(exclude, "exclude")
+
+    def select(layer):
+        if only_items is not None and not matches(layer, only_items):
+            return False
+        return not (exclude_items and matches(layer, exclude_items))
+
+    return select
+
+
+def _inner_sources(layer, source):
+    """The `source` layers inside `layer` (a layer copied as a whole), not
+    counting the RNNs that Bidirectional-style wrappers hold by design."""
+    found = []
+    for inner in layer._flatten_layers(include_self=False, recursive=False):
+        if isinstance(inner, source):
+            found.append(inner)
+        if not isinstance(inner, (*_RNN_WRAPPERS, keras.layers.RNN)):
+            found += _inner_sources(inner, source)
+    return found
+
+
+class _Converter:
+    """Rebuilds a Sequential/Functional model, swapping wrapper layers.
+
+    One instance converts one top-level model: `clone` is handed to
+    `keras.models.clone_model` for every layer, at every nesting level, so
+    that a layer shared between a nested model and its parent stays shared.
+    `direction` (`_ToMasked` or `_ToKeras`) says which layers are swapped
+    and how they are called. With `compile=True` the compile state of every
+    compiled (nested) model is carried over when Keras can rebuild it from
+    its config; `compile_errors` lists those it could not.
+    """
+
+    def __init__(self, direction=_ToMasked, compile=True, select=None):
+        self.direction = direction
+        self.compile = compile
+        self.select = select or (lambda layer: True)
+        self.copies = {}  # id(original layer) -> its copy
+        self.leaves = []  # (original, copy) pairs whose weights get copied
+        self.converted = set()  # ids of the swapped copies
+        self.left = []  # (layer name, reason) for layers kept as they are
+        self.compile_errors = []  # (model name, error) for compile states lost
+
+    def convert(self, model):
+        # `clone_model` would compile the copy from `get_compile_config()`,
+        # which raises for an unregistered loss or metric function ("Could not
+        # locate function ..."). Clone without it, then compile here.
+        compiled = model.compiled
+        model.compiled = False
+        try:
+            if isinstance(model, keras.Sequential):
+                new = keras.models.clone_model(model, clone_function=self.clone)
+            else:
+                new = keras.models.clone_model(
+                    model, clone_function=self.clone, call_function=self.call
+                )
+        finally:
+            model.compiled = compiled
+        # `clone_model` keeps a Sequential's `trainable` but not a Functional's.
+        # (Only False is copied: setting it also sets every sublayer's flag.)
+        if not model.trainable:
+            new.trainable = False
+        if compiled and self.compile:
+            self.compile_like(model, new)
+        return new
+
+    def compile_like(self, model, new):
+        config = model.get_compile_config()
+        try:
+            # What `clone_model` does: a fresh optimizer from the config.
+            new.compile_from_config(config)
+        except (TypeError, ValueError) as error:
+            # Typically an unregistered function as loss or metric. The
+            # architecture and weights are converted anyway.
+            self.compile_errors.append((model.name, error))
+
+    def clone(self, layer):
+        if id(layer) in self.copies:
+            return self.copies[id(layer)]
+        source = self.direction.source
+        if isinstance(layer, (keras.Sequential, Functional)):
+            new = self.convert(layer)
+        elif isinstance(layer, source):
+            reason = self.direction.reason(layer)
+            if not self.select(layer):
+                new = _plain_copy(layer)  # left out by `only=` / `exclude=`
+            elif reason is None:
+                new = self.direction.swap(layer)
+                self.converted.add(id(new))
+            else:
+                self.left.append((layer.name, reason))
+                new = _plain_copy(layer)
+            self.leaves.append((layer, new))
+        elif not isinstance(layer, keras.layers.Layer):
+            # An operation of the graph (e.g. `keras.ops.not_equal` applied to
+            # a symbolic tensor): no weights, no sublayers.
+            new = _plain_copy(layer)
+        else:
+            for inner in _inner_sources(layer, source):
+                if self.select(inner):
+                    self.left.append(
+                        (
+                            inner.name,
+                            f"it is inside {type(layer).__name__} "
+                            f"'{layer.name}', which convert_model copies as a "
+                            "whole from its config (only layers of Sequential "
+                            "and Functional models are swapped)",
+                        )
+                    )
+            new = _plain_copy(layer)
+            self.leaves.append((layer, new))
+        self.copies[id(layer)] = new
+        return new
+
+    def call(self, layer, *args, **kwargs):
+        if id(layer) not in self.converted:
+            return layer(*args, **kwargs)
+        return self.direction.call(layer, *args, **kwargs)
+
+    def copy_weights(self):
+        for old, new in self.leaves:
+            if not old.built:
+                continue
+            if not new.built:
+                raise ValueError(
+                    f"Layer '{old.name}' is built but its copy could not be "
+                    "built: the model does not know its input shape. Build the "
+                    "model first (`model.build(input_shape)` or call it once "
+                    "on a batch), then convert it."
+                )
+            new.set_weights(old.get_weights())
+
+
+def convert_model(model, strict=False, only=None, exclude=None):
+    """The one-line upgrade: masked RNNs that keep their fused kernels.
+
+    Returns a new model in which every `keras.layers.Bidirectional` around a
+    Keras RNN layer is a `maskedrnn.MaskedBidirectional`, and every plain
+    `keras.layers.LSTM`, `GRU` and `SimpleRNN` (outside a `Bidirectional`)
+    is a `maskedrnn.MaskedRNN`, with the same configuration
+    (`return_sequences`, `return_state`, `go_backwards`, `merge_mode`, ...),
+    the same name and a copy of its weights. Every other layer is copied
+    from its config and given a copy of its weights, as by
+    `keras.models.clone_model`. Sequential and Functional models nested in
+    the model (used as layers) are converted too. The original model is not
+    changed and shares no weights with the result.
+
+    Fed the same inputs, the new model returns the same predictions as the
+    original (whose RNN layers see the Keras masks of
+    `Embedding(mask_zero=True)`, `Masking`, ...): the maskedrnn layers give
+    the same outputs and states for any mask, while the RNNs inside them
+    run unmasked (fused cuDNN kernels on GPU, PyTorch's kernels on torch
+    CPU). A checkpoint saved from the original model loads into the new one
+    with `maskedrnn.load_weights`.
+
+    If the model was compiled, the new model is compiled from
+    `model.get_compile_config()` (a fresh optimizer), as
+    `keras.models.clone_model` does. When Keras cannot rebuild that
+    configuration, typically because the loss or a metric is a plain Python
+    function that is not registered ("Could not locate function 'CTCLoss'"),
+    the architecture and weights are converted anyway, the new model is left
+    uncompiled, and a warning says so: compile it yourself with the
+    arguments you gave the original (`new_model.compile(optimizer="adam",
+    loss=CTCLoss)`), or decorate the function with
+    `@keras.saving.register_keras_serializable()` before converting, so the
+    compile state is carried over.
+
+    A layer the maskedrnn layers cannot express is kept as it is, with a
+    warning naming it: a stateful RNN; a subclass of `Bidirectional`,
+    `LSTM`, `GRU` or `SimpleRNN`; a `Bidirectional` whose wrapped layer is
+    not a `keras.layers.RNN` or has `go_backwards=True`; or one inside a
+    layer that is copied as a whole (a custom layer, a subclassed model
+    nested in the model). `keras.layers.RNN(cell)` layers have no fused
+    kernel to keep and are copied as they are.
+
+    Args:
+        model: A built `keras.Sequential` or Functional `keras.Model`.
+            Subclassed models (subclasses of `keras.Model` with their own
+            `call`) are refused with a `ValueError` that explains how to
+            swap their layers by hand.
+        strict: Boolean. If `True`, a layer that cannot be converted raises
+            a `ValueError` (listing every such layer) instead of a warning.
+            Defaults to `False`.
+        only: Optional layer name, layer class, or list of them (default
+            `None`: every layer). Only matching layers are converted: a name
+            matches that layer (at any nesting level), a class every layer
+            that is an instance of it; e.g. `only=keras.layers.Bidirectional`
+            upgrades the Bidirectional layers and leaves plain RNNs as they
+            are (a class matches the layer itself, so `keras.layers.LSTM`
+            does not select a `Bidirectional(LSTM(...))`).
+        exclude: Optional layer name, layer class, or list of them (default
+            `None`). Matching layers are kept as they are, silently.
+
+    Returns:
+        A new model of the same kind (Sequential or Functional).
+
+    Raises:
+        TypeError: If `model` is not a `keras.Model`, or `only`/`exclude`
+            hold something other than layer names and layer classes.
+        ValueError: If `model` is a subclassed model, if `only`/`exclude`
+            name a layer the model does not have, or with `strict=True` if
+            some layer cannot be converted.
+
+    Example:
+
+    ```python
+    inputs = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(1000, 16, mask_zero=True)(inputs)
+    x = keras.layers.Bidirectional(keras.layers.LSTM(32, return_sequences=True))(x)
+    x = keras.layers.GRU(16)(x)
+    outputs = keras.layers.Dense(5, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+
+    fast_model = maskedrnn.convert_model(model)  # same predictions, unmasked RNNs
+    only_bidi = maskedrnn.convert_model(model, only=keras.layers.Bidirectional)
+    ```
+    """
+    if isinstance(model, keras.layers.Bidirectional):
+        raise TypeError(
+            "`model` is a single Bidirectional layer; use "
+            "`bidirectional_to_masked(layer)` for one layer."
+        )
+    if isinstance(model, keras.layers.RNN):
+        raise TypeError(
+            "`model` is a single RNN layer; use `maskedrnn.MaskedRNN(layer)` "
+            "and `set_weights(layer.get_weights())` for one layer."
+        )
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model (Sequential or Functional); "
+            f"got model={model!r}."
+        )
+    if not isinstance(model, (keras.Sequential, Functional)):
+        raise ValueError(
+            f"convert_model rebuilds Sequential and Functional models only; "
+            f"'{model.name}' is a subclassed model ({type(model).__name__}), "
+            "whose layers are made and called by its own Python code, which "
+            f"convert_model cannot rewrite. {_SUBCLASSED_HOWTO}"
+        )
+    converter = _Converter(select=_selector(model, only, exclude))
+    new_model = converter.convert(model)
+    if converter.left and strict:
+        listing = "; ".join(f"'{name}': {reason}" for name, reason in converter.left)
+        raise ValueError(
+            "strict=True and some layers cannot become MaskedBidirectional or "
+            f"MaskedRNN: {listing}. Pass strict=False to keep them as they are "
+            "(or leave them out with `exclude=`)."
+        )
+    converter.copy_weights()
+    for name, error in converter.compile_errors:
+        warnings.warn(
+            f"convert_model converted model '{name}' but could not compile the "
+            f"copy from its compile config: {error} The new model is not "
+            "compiled. Compile it with the arguments you gave the original, "
+            "e.g. `new_model.compile(optimizer=..., loss=my_loss_fn, "
+            "metrics=[...])`, or register your loss/metric functions with "
+            "`@keras.saving.register_keras_serializable()` before converting so "
+            "that convert_model carries the compile state.",
+            stacklevel=2,
+        )
+    for name, reason in converter.left:
+        warnings.warn(
+            f"convert_model kept layer '{name}' as it is: {reason}.",
+            stacklevel=2,
+        )
+    return new_model

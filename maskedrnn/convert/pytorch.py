@@ -1,0 +1,360 @@
+"""PyTorch `nn.LSTM` / `nn.GRU` weights and state dicts.
+
+PyTorch keeps, per layer `k` and direction (suffix `_reverse`),
+`weight_ih_l{k} (G*H, D_k)`, `weight_hh_l{k} (G*H, H)`, `bias_ih_l{k}`,
+`bias_hh_l{k} (G*H,)`, gate row blocks i, f, g, o (LSTM) or r, z, n (GRU).
+Pure numpy: pass CPU tensors or arrays; torch is never imported here.
+"""
+
+import numpy as np
+
+from maskedrnn.convert._validate import (
+    _array,
+    _check_shape,
+    _keras_gru,
+    _keras_lstm,
+    _keras_without_bias,
+    _layers_list,
+    _units_and_gates,
+)
+from maskedrnn.convert.gate_layout import GRU_GATES, LSTM_GATES, swap_gru_zr
+
+__all__ = [
+    "gru_to_torch_gru",
+    "keras_to_torch_state_dict",
+    "lstm_to_torch_lstm",
+    "torch_gru_to_gru",
+    "torch_lstm_to_lstm",
+    "torch_state_dict_to_keras",
+]
+
+
+def _torch_arrays(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
+    weight_ih = _array(weight_ih, "weight_ih")
+    weight_hh = _array(weight_hh, "weight_hh")
+    if weight_hh.ndim != 2 or weight_hh.shape[1] == 0:
+        raise ValueError(
+            f"`weight_hh` must have shape ({n_gates} * hidden_size, hidden_size) "
+            f"for {module}; got shape {weight_hh.shape}."
+        )
+    hidden = weight_hh.shape[1]
+    _check_shape(
+        weight_hh, (n_gates * hidden, hidden), "weight_hh", f"{module} weight_hh"
+    )
+    if weight_ih.ndim != 2:
+        raise ValueError(
+            f"`weight_ih` must have shape ({n_gates} * hidden_size, input_size); "
+            f"got shape {weight_ih.shape}."
+        )
+    _check_shape(
+        weight_ih,
+        (n_gates * hidden, weight_ih.shape[1]),
+        "weight_ih",
+        f"{module} weight_ih",
+    )
+    if (bias_ih is None) != (bias_hh is None):
+        raise ValueError(
+            "Pass both `bias_ih` and `bias_hh` (a module with bias=True) or "
+            "neither (bias=False)."
+        )
+    if bias_ih is None:
+        return weight_ih, weight_hh, None, None
+    bias_ih = _array(bias_ih, "bias_ih")
+    bias_hh = _array(bias_hh, "bias_hh")
+    _check_shape(bias_ih, (n_gates * hidden,), "bias_ih", f"{module} bias_ih")
+    _check_shape(bias_hh, (n_gates * hidden,), "bias_hh", f"{module} bias_hh")
+    return weight_ih, weight_hh, bias_ih, bias_hh
+
+
+def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    """Converts one direction of one `torch.nn.LSTM` layer to Keras.
+
+    PyTorch stores `weight_ih_l{k}` `(4H, D)` and `weight_hh_l{k}`
+    `(4H, H)` with gate row blocks in order i, f, g(=c), o (the Keras
+    order), and two biases `bias_ih_l{k}`, `bias_hh_l{k}` `(4H,)`.
+
+    Args:
+        weight_ih: array `(4H, D)`.
+        weight_hh: array `(4H, H)`.
+        bias_ih: array `(4H,)` or `None` (default) for `bias=False`.
+        bias_hh: array `(4H,)` or `None` (default) for `bias=False`.
+
+    Returns:
+        `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]` for
+        `keras.layers.LSTM(H)` (`bias = bias_ih + bias_hh`), or
+        `[kernel, recurrent_kernel]` for `LSTM(H, use_bias=False)` when the
+        biases are `None`.
+
+    Example:
+
+    >>> w = torch_lstm_to_lstm(np.ones((8, 3)), np.ones((8, 2)),
+    ...                        np.ones(8), np.ones(8))
+    >>> [a.shape for a in w], float(w[2][0])
+    ([(3, 8), (2, 8), (8,)], 2.0)
+    """
+    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+        weight_ih, weight_hh, bias_ih, bias_hh, LSTM_GATES, "nn.LSTM"
+    )
+    # Same gate order; PyTorch computes x @ W.T, Keras x @ kernel.
+    kernel = np.ascontiguousarray(weight_ih.T)
+    recurrent_kernel = np.ascontiguousarray(weight_hh.T)
+    if bias_ih is None:
+        return [kernel, recurrent_kernel]
+    return [kernel, recurrent_kernel, bias_ih + bias_hh]
+
+
+def lstm_to_torch_lstm(weights):
+    """Converts `keras.layers.LSTM` weights to one `torch.nn.LSTM` direction.
+
+    Inverse of `torch_lstm_to_lstm` up to the bias split: the whole Keras
+    bias goes into `bias_ih` and `bias_hh` is zeros (only the sum matters).
+
+    Args:
+        weights: `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]`
+            of `keras.layers.LSTM(H)`, or `[kernel, recurrent_kernel]` of
+            `LSTM(H, use_bias=False)`.
+
+    Returns:
+        `[weight_ih (4H, D), weight_hh (4H, H), bias_ih (4H,),
+        bias_hh (4H,)]`, or the two weights only without bias.
+
+    Example:
+
+    >>> t = lstm_to_torch_lstm([np.ones((3, 8)), np.ones((2, 8)), np.ones(8)])
+    >>> [a.shape for a in t], float(t[3][0])
+    ([(8, 3), (8, 2), (8,), (8,)], 0.0)
+    """
+    if isinstance(weights, (list, tuple)) and len(weights) == 2:
+        kernel, recurrent_kernel = _keras_without_bias(weights, LSTM_GATES, "LSTM")
+        return [
+            np.ascontiguousarray(kernel.T),
+            np.ascontiguousarray(recurrent_kernel.T),
+        ]
+    kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
+    # Same gate order i, f, c(g), o; transpose to (4H, in).
+    return [
+        np.ascontiguousarray(kernel.T),
+        np.ascontiguousarray(recurrent_kernel.T),
+        bias.copy(),
+        np.zeros_like(bias),
+    ]
+
+
+def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    """Converts one direction of one `torch.nn.GRU` layer to Keras.
+
+    PyTorch stores `weight_ih_l{k}` `(3H, D)`, `weight_hh_l{k}` `(3H, H)`
+    and biases `(3H,)` with gate blocks in order r, z, n, and computes
+    `n = tanh(W_in x + b_in + r * (W_hn h + b_hn))`,
+    `h' = (1 - z) * n + z * h`: Keras' `GRU(reset_after=True)`.
+
+    Args:
+        weight_ih: array `(3H, D)`.
+        weight_hh: array `(3H, H)`.
+        bias_ih: array `(3H,)` or `None` (default) for `bias=False`.
+        bias_hh: array `(3H,)` or `None` (default) for `bias=False`.
+
+    Returns:
+        `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]` for
+        `keras.layers.GRU(H, reset_after=True)`, gates reordered to
+        z, r, h (`bias[0]` from `bias_ih`, `bias[1]` from `bias_hh`), or
+        `[kernel, recurrent_kernel]` for `use_bias=False`. Exact.
+
+    Example:
+
+    >>> w = torch_gru_to_gru(np.ones((6, 3)), np.ones((6, 2)),
+    ...                      np.arange(6.0), np.zeros(6))
+    >>> w[2][0]
+    array([2., 3., 0., 1., 4., 5.])
+    """
+    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+        weight_ih, weight_hh, bias_ih, bias_hh, GRU_GATES, "nn.GRU"
+    )
+    # weight_ih (3H, D), weight_hh (3H, H): row blocks r, z, n -> z, r, h,
+    # then transpose to Keras' (D, 3H) / (H, 3H) column blocks.
+    kernel = np.ascontiguousarray(swap_gru_zr(weight_ih, axis=0).T)
+    recurrent_kernel = np.ascontiguousarray(swap_gru_zr(weight_hh, axis=0).T)
+    if bias_ih is None:
+        return [kernel, recurrent_kernel]
+    # bias_ih, bias_hh (3H,) r, z, n -> Keras bias (2, 3H) = [input; recurrent],
+    # blocks z, r, h.
+    bias = np.stack([swap_gru_zr(bias_ih), swap_gru_zr(bias_hh)])
+    return [kernel, recurrent_kernel, bias]
+
+
+def gru_to_torch_gru(weights):
+    """Converts `keras.layers.GRU(reset_after=True)` weights to `nn.GRU`.
+
+    Inverse of `torch_gru_to_gru`. Exact.
+
+    Args:
+        weights: `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]`
+            of `keras.layers.GRU(H, reset_after=True)`, or
+            `[kernel, recurrent_kernel]` of `GRU(H, use_bias=False)`.
+
+    Returns:
+        `[weight_ih (3H, D), weight_hh (3H, H), bias_ih (3H,),
+        bias_hh (3H,)]` (gate order r, z, n), or the two weights only.
+
+    Example:
+
+    >>> t = gru_to_torch_gru([np.ones((3, 6)), np.ones((2, 6)),
+    ...                       np.arange(12.0).reshape(2, 6)])
+    >>> t[2]
+    array([2., 3., 0., 1., 4., 5.])
+    """
+    if isinstance(weights, (list, tuple)) and len(weights) == 2:
+        kernel, recurrent_kernel = _keras_without_bias(weights, GRU_GATES, "GRU")
+    else:
+        kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
+    # kernel (D, 3H), recurrent_kernel (H, 3H): column blocks z, r, h ->
+    # r, z, h, then transpose to PyTorch's (3H, D) / (3H, H) row blocks r, z, n.
+    torch_weights = [
+        np.ascontiguousarray(swap_gru_zr(kernel).T),
+        np.ascontiguousarray(swap_gru_zr(recurrent_kernel).T),
+    ]
+    if len(weights) == 2:
+        return torch_weights
+    # bias (2, 3H) = [input; recurrent], blocks z, r, h -> bias_ih, bias_hh
+    # (3H,), blocks r, z, n.
+    bias_ih, bias_hh = swap_gru_zr(bias)
+    return torch_weights + [bias_ih, bias_hh]
+
+
+def torch_state_dict_to_keras(state_dict, prefix=""):
+    """Converts a `torch.nn.LSTM` / `nn.GRU` `state_dict()` to Keras weights.
+
+    Reads `{prefix}weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`,
+    `bias_hh_l{k}` and, for `bidirectional=True`, the same keys with the
+    suffix `_reverse`, for every layer `k`. The module type is read from the
+    shapes (`weight_hh` is `(4H, H)` for LSTM, `(3H, H)` for GRU); each
+    direction goes through `torch_lstm_to_lstm` / `torch_gru_to_gru`.
+
+    Args:
+        state_dict: mapping from names to arrays or CPU tensors, e.g.
+            `module.state_dict()`.
+        prefix: string (default `""`) prepended to every key, e.g.
+            `"encoder.rnn."` for a submodule of a larger model's state dict.
+
+    Returns:
+        List with one entry per layer: the Keras weights of `LSTM(H)` /
+        `GRU(H, reset_after=True)`, or, for a bidirectional module, of
+        `keras.layers.Bidirectional(..., merge_mode="concat")` /
+        `maskedrnn.MaskedBidirectional` (forward then backward). Stacking
+        these layers (`return_sequences=True` below the top) reproduces the
+        module.
+
+    Example:
+
+    ```python
+    rnn = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True,
+                        batch_first=True)
+    weights = maskedrnn.convert.torch_state_dict_to_keras(rnn.state_dict())
+    layer0 = keras.layers.Bidirectional(
+        keras.layers.LSTM(16, return_sequences=True))
+    layer0.build((None, None, 8))
+    layer0.set_weights(weights[0])
+    ```
+    """
+    if not hasattr(state_dict, "keys") or not hasattr(state_dict, "__getitem__"):
+        raise TypeError(
+            "`state_dict` must be a mapping such as `module.state_dict()`; "
+            f"got {type(state_dict).__name__}."
+        )
+    if not isinstance(prefix, str):
+        raise TypeError(f"`prefix` must be a string; got {prefix!r}.")
+    keys = set(state_dict.keys())
+    if f"{prefix}weight_ih_l0" not in keys:
+        raise ValueError(
+            f"`state_dict` has no key {prefix + 'weight_ih_l0'!r}: not an "
+            "nn.LSTM/nn.GRU state dict, or `prefix` is wrong. Keys found: "
+            f"{sorted(keys)[:8]}."
+        )
+    if any(k.startswith(f"{prefix}weight_hr_l") for k in keys):
+        raise ValueError(
+            "`state_dict` is from an nn.LSTM with proj_size > 0 (weight_hr_l* "
+            "keys); Keras LSTM has no projection, so it cannot be converted."
+        )
+    bidirectional = f"{prefix}weight_ih_l0_reverse" in keys
+    suffixes = ("", "_reverse") if bidirectional else ("",)
+    layers = []
+    k = 0
+    while f"{prefix}weight_ih_l{k}" in keys:
+        layer = []
+        for suffix in suffixes:
+            names = [
+                f"{prefix}{n}_l{k}{suffix}"
+                for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            ]
+            for name in names[:2]:
+                if name not in keys:
+                    raise ValueError(f"`state_dict` is missing the key {name!r}.")
+            values = [state_dict[n] if n in keys else None for n in names]
+            where = f"state_dict[{names[1]!r}]"
+            _, gates = _units_and_gates(_array(values[1], where).T, where + ".T")
+            convert = torch_lstm_to_lstm if gates == LSTM_GATES else torch_gru_to_gru
+            layer += convert(*values)
+        layers.append(layer)
+        k += 1
+    return layers
+
+
+def keras_to_torch_state_dict(layers_weights, prefix=""):
+    """Converts stacked Keras LSTM/GRU weights to a `nn.LSTM`/`nn.GRU` state.
+
+    Inverse of `torch_state_dict_to_keras` (LSTM biases: the Keras bias goes
+    into `bias_ih`, zeros into `bias_hh`; see `lstm_to_torch_lstm`).
+
+    Args:
+        layers_weights: list with one entry per layer: the weights of a
+            `keras.layers.LSTM` / `GRU(reset_after=True)` (3 arrays, or 2 with
+            `use_bias=False`), or of a `Bidirectional(..., merge_mode=
+            "concat")` / `MaskedBidirectional` around one (6, or 4). All
+            layers must have the same type, direction count and bias use.
+            For a single layer pass `[layer.get_weights()]`.
+        prefix: string (default `""`) prepended to every key.
+
+    Returns:
+        Dict from `state_dict` keys (`weight_ih_l0`, ..., `bias_hh_l{k}_reverse`)
+        to numpy arrays. Load it with
+        `module.load_state_dict({k: torch.from_numpy(v) for k, v in d.items()})`
+        into `nn.LSTM`/`nn.GRU(input_size, H, num_layers=len(layers_weights),
+        bidirectional=..., bias=..., batch_first=...)`.
+
+    Example:
+
+    >>> d = keras_to_torch_state_dict(
+    ...     [[np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)]])
+    >>> sorted(d)
+    ['bias_hh_l0', 'bias_ih_l0', 'weight_hh_l0', 'weight_ih_l0']
+    """
+    layers = _layers_list(layers_weights)
+    if not isinstance(prefix, str):
+        raise TypeError(f"`prefix` must be a string; got {prefix!r}.")
+    signatures = set()
+    state = {}
+    for k, layer in enumerate(layers):
+        if len(layer) not in (2, 3, 4, 6):
+            raise ValueError(
+                f"`layers_weights[{k}]` must hold 3 arrays (LSTM/GRU), 6 "
+                "(Bidirectional), or 2 / 4 without bias; got "
+                f"{len(layer)}."
+            )
+        # 3 / 6 arrays: with bias; 2 / 4 arrays: use_bias=False.
+        per_direction = 3 if len(layer) in (3, 6) else 2
+        directions = len(layer) // per_direction
+        for d, suffix in enumerate(("", "_reverse")[:directions]):
+            part = list(layer[d * per_direction : (d + 1) * per_direction])
+            where = f"layers_weights[{k}][{d * per_direction + 1}]"
+            _, gates = _units_and_gates(_array(part[1], where), where)
+            signatures.add((gates, directions, per_direction))
+            convert = lstm_to_torch_lstm if gates == LSTM_GATES else gru_to_torch_gru
+            names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+            for name, value in zip(names, convert(part)):
+                state[f"{prefix}{name}_l{k}{suffix}"] = value
+    if len(signatures) > 1:
+        raise ValueError(
+            "All entries of `layers_weights` must have the same RNN type, "
+            "direction count and bias use, as in one nn.LSTM/nn.GRU."
+        )
+    return state
