@@ -7,6 +7,10 @@ module of maskedrnn imports `keras.src` (`tests/test_keras_private.py` checks
 this).
 """
 
+# The backend namespace Keras' RNN layers call (`lstm`, `gru`, `rnn`,
+# `bidirectional_lstm/gru`): the bench's kernel spies patch its functions.
+from keras.src import backend as keras_src_backend  # noqa: F401
+
 # Reads the mask a layer attached to a tensor: Keras 3 has no public accessor.
 from keras.src.backend import get_keras_mask  # noqa: F401
 
@@ -24,3 +28,16 @@ from keras.src.losses.losses import LossFunctionWrapper  # noqa: F401
 # The class of models made with `keras.Model(inputs, outputs)` (Keras has no
 # public name for it): convert_model and load_weights rebuild those.
 from keras.src.models.functional import Functional  # noqa: F401
+
+
+def keras_torch_rnn():
+    """`keras.src.backend.torch.rnn` (imports torch, so only on request).
+
+    The bench spies on its `_cudnn_lstm/gru` (Keras' cuDNN call) and
+    `_fallback_lstm/gru` (its Python loop), which Keras' torch backend
+    chooses between without saying which ran. (Imported by name: the package
+    `keras.src.backend.torch` re-exports a function called `rnn`.)
+    """
+    import importlib
+
+    return importlib.import_module("keras.src.backend.torch.rnn")

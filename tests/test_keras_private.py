@@ -9,25 +9,10 @@ for that, so a broken import elsewhere cannot hide one).
 import ast
 import pathlib
 
-import pytest
-
 import maskedrnn._keras_private as keras_private
 
 PACKAGE = pathlib.Path(keras_private.__file__).resolve().parent
 PRIVATE = PACKAGE / "_keras_private.py"
-# Modules already switched to maskedrnn._keras_private. The layer, convert and
-# bench modules belong to other work streams of issue 13 (which may also move
-# or split them) and switch there; until then the whole-package test below is
-# a non-strict xfail.
-SWITCHED = (
-    "__init__.py",
-    "__main__.py",
-    "datasets.py",
-    "demo.py",
-    "export.py",
-    "losses.py",
-    "metrics.py",
-)
 
 
 def _private_imports(path):
@@ -36,6 +21,15 @@ def _private_imports(path):
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             modules = [alias.name for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None))
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            # importlib.import_module("keras.src...") is an import too.
+            modules = [str(node.args[0].value)]
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             modules = [node.module or ""]
             if node.module == "keras":
@@ -70,31 +64,22 @@ def test_finder_sees_every_import_form(tmp_path):
         "from keras import ops\n"
         "def f():\n"
         "    from keras.src import backend\n"
+        "importlib.import_module('keras.src.backend.torch.rnn')\n"
     )
     assert _private_imports(path) == [
         (2, "keras.src.backend"),
         (3, "keras.src.losses"),
         (4, "keras.src"),
         (7, "keras.src"),
+        (8, "keras.src.backend.torch.rnn"),
     ]
 
 
-def test_switched_modules_import_no_keras_src_directly():
-    switched = [PACKAGE / name for name in SWITCHED]
-    assert all(p.is_file() for p in switched)
-    assert _offenders(switched) == {}, (
+def test_no_module_but_keras_private_imports_keras_src():
+    assert _offenders(_modules()) == {}, (
         "import private Keras APIs from maskedrnn._keras_private (add them "
         "there, one per line with the reason)"
     )
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="the layer, convert_model and bench modules belong to other work "
-    "streams of issue 13 and switch to maskedrnn._keras_private there",
-)
-def test_no_module_but_keras_private_imports_keras_src():
-    assert _offenders(_modules()) == {}
 
 
 def test_each_private_import_has_its_reason_and_order():

@@ -37,6 +37,8 @@ import tempfile
 
 import keras
 
+from maskedrnn._keras_private import keras_torch_rnn
+
 # Names of RNN work in profiler traces: cuDNN's RNN kernels
 # ("RNN_blockPersist_fp_LSTM", "LSTM_elementWise_fp", "elemWiseRNNcell", ...),
 # ATen's ops ("aten::lstm", "aten::_cudnn_rnn", "aten::mkldnn_rnn_layer") and
@@ -50,7 +52,7 @@ FELL_BACK = "failed, fell back"
 
 def _targets():
     """(module, attribute, label, is_cudnn, has_mask) for this backend."""
-    from keras.src import backend as keras_backend
+    from maskedrnn._keras_private import keras_src_backend as keras_backend
 
     backend = keras.backend.backend()
     fused_is_cudnn = backend in ("torch", "jax")
@@ -70,7 +72,7 @@ def _targets():
 
         # (`keras.src.backend.torch.rnn` the module; the package re-exports
         # a function of the same name.)
-        torch_rnn = importlib.import_module("keras.src.backend.torch.rnn")
+        torch_rnn = keras_torch_rnn()
 
         for name in ("_cudnn_lstm", "_cudnn_gru"):
             targets.append((torch_rnn, name, f"torch cuDNN {name}", True, False))
