@@ -1,13 +1,14 @@
-"""PyTorch's native RNN kernels for `MaskedBidirectional` on the torch backend.
+"""PyTorch's native RNN kernels for the masked layers on the torch backend.
 
 Keras' torch backend hands an unmasked `LSTM`/`GRU` to PyTorch's fused kernel
 (`torch.lstm`/`torch.gru`, cuDNN) on CUDA only. On a CPU it steps through time
 in Python (`keras/src/backend/torch/rnn.py`, `_fallback_lstm`: a matmul and a
 few elementwise ops per step, each dispatched separately), and `SimpleRNN`
 always runs Keras' generic loop. PyTorch's own kernels do the same arithmetic
-in C++; at the CPU benchmark's sizes that makes the layer about 3x faster
-(docs/benchmarks.md). So on the torch backend, on CPU, `MaskedBidirectional`
-calls them directly for each direction, on the same valid-first / reversed
+in C++, which makes the layer faster at the CPU benchmark's sizes (figures in
+docs/benchmarks.md). So on the torch backend, on CPU, `MaskedBidirectional`
+and `MaskedRNN` call them directly for each direction
+(`maskedrnn.layers.kernels`), on the same valid-first / reversed
 data as on every other path. The outputs are the same function of the same
 weights (PyTorch's LSTM and reset-after GRU equations are Keras'; only the GRU
 gate order differs, see `_gru_params`), so gradients reach the Keras variables
