@@ -1,4 +1,4 @@
-"""PyTorch's native RNN kernels for `MaskedBidirectional` on the torch backend.
+"""PyTorch's native RNN kernels for the masked layers on the torch backend.
 
 Keras' torch backend hands an unmasked `LSTM`/`GRU` to PyTorch's fused kernel
 (`torch.lstm`/`torch.gru`, cuDNN) on CUDA only. On a CPU it steps through time
@@ -9,10 +9,10 @@ in C++; at the CPU benchmark's sizes (B=32 T=100 D=U=64) that makes the
 layer 4.3x / 2.4x faster than Keras' unmasked loop for LSTM and 1.9x / 1.1x
 for GRU, fwd+bwd / fwd (`scripts/bench_cpu.sh torch-lstm torch-gru`, results
 in docs/results/cpu-torch-{lstm,gru}.json and docs/benchmarks.md). So on
-the torch backend, on CPU, `MaskedBidirectional` calls them directly for
-each direction, on the same valid-first / reversed data as on every other
-path. The outputs are the same function of the same
-weights (PyTorch's LSTM and reset-after GRU equations are Keras'; only the GRU
+the torch backend, on CPU, `MaskedBidirectional` and `MaskedRNN` call them
+directly for each direction (`maskedrnn.layers.kernels`), on the same
+valid-first / reversed data as on every other path. The outputs are the same
+function of the same weights (PyTorch's LSTM and reset-after GRU equations are Keras'; only the GRU
 gate order differs, see `_gru_params`), so gradients reach the Keras variables
 through PyTorch's autograd.
 

@@ -21,7 +21,6 @@ AND is the Keras mask itself. Before the wrapped loss runs, `y_true` is set to
 sees a `-1` label (an error on TensorFlow and PyTorch, a NaN on GPUs).
 """
 
-
 import keras
 from keras import ops
 

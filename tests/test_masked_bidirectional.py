@@ -13,7 +13,15 @@ from keras import ops
 import maskedrnn
 from maskedrnn import MaskedBidirectional
 from maskedrnn.layers import kernels
-from tests.helpers import flat, loss_and_grads, run_layer_test, save_and_load, to_np
+from tests.helpers import (
+    assert_close,
+    flat,
+    loss_and_grads,
+    oracle_pair,
+    run_layer_test,
+    save_and_load,
+    to_np,
+)
 
 B, T, D, U = 6, 7, 3, 4
 ATOL = 1e-5
@@ -53,22 +61,12 @@ def make_cell_layer(kind, **kw):
 
 
 def pair(kind, merge_mode="concat", **kw):
-    """(ours, oracle) with identical weights, both built on (B, T, D)."""
-    ours = MaskedBidirectional(make_cell_layer(kind, **kw), merge_mode=merge_mode)
-    ref = keras.layers.Bidirectional(
-        make_cell_layer(kind, oracle=True, **kw), merge_mode=merge_mode
-    )
-    ref.build((None, None, D))
-    ours.build((None, None, D))
-    ours.set_weights(ref.get_weights())
-    return ours, ref
+    """(ours, oracle) with identical weights, both built on (None, None, D)."""
+    return oracle_pair(kind, U, D, merge_mode=merge_mode, **kw)
 
 
 def assert_all_close(actual, expected, atol=ATOL):
-    actual, expected = flat(actual), flat(expected)
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=atol, rtol=1e-5)
+    assert_close(actual, expected, atol=atol, rtol=1e-5)
 
 
 # ------------------------------------------------------------------ parity

@@ -470,6 +470,7 @@ def test_empty_batch_returns_empty_outputs():
 # -------------------------------------- padding never matters; float64 exact
 
 
+@pytest.mark.slow  # ~1-2 s on TF and torch; 7-23 s on a loaded JAX eager run
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
 def test_inf_and_huge_values_in_padding_never_matter(kind, wrapper):

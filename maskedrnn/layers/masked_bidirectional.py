@@ -34,18 +34,23 @@ class MaskedBidirectional(keras.layers.Layer):
     `0 0 3 2 1`), and the outputs are put back where they came from.
 
     For `LSTM`, `GRU` and `SimpleRNN` (without `recurrent_dropout`) the inner
-    RNNs run unmasked (the fast path). Final states are read at each row's
-    last valid step; the LSTM cell state, which the unmasked kernel does not
-    expose at that step, is recomputed exactly from the outputs (one batched
-    matmul plus a linear-recurrence reduction, see
+    RNNs run unmasked: `LSTM` and `GRU` on their backend's fused kernel where
+    one exists (cuDNN on GPU). No backend has a fused `SimpleRNN` kernel, so
+    an unmasked `SimpleRNN` runs Keras' step loop, without a mask (on the
+    torch backend on CPU, PyTorch's `rnn_tanh`/`rnn_relu`). Final states are
+    read at each row's last valid step; the LSTM cell state, which the
+    unmasked kernel does not expose at that step, is recomputed exactly from
+    the outputs (one batched matmul plus a linear-recurrence reduction, see
     `maskedrnn.ops.linear_recurrence_last`). Any other RNN layer
     (`keras.layers.RNN(cell)`, custom cells, `recurrent_dropout > 0`) has no
     fused kernel to lose: it gets the same reordering and reversal, plus a
     right-padded mask, so its results are exact too. `uses_fast_path` tells
     which path a layer takes. On the torch backend on CPU, where Keras would
     step through time in Python, the unmasked inner RNNs run on PyTorch's
-    native kernels instead (same equations, about 3x faster);
-    `kernel_info()` says which code computes each direction and why.
+    native kernels instead (same equations; faster, see
+    docs/benchmarks.md); `kernel_info()` says which code computes each
+    direction and why. Each direction runs on the core shared with
+    `MaskedRNN` (`maskedrnn.layers.direction`).
 
     Args:
         layer: A `keras.layers.RNN` instance such as `keras.layers.LSTM(64)`
