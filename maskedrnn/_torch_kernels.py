@@ -12,9 +12,9 @@ in docs/results/cpu-torch-{lstm,gru}.json and docs/benchmarks.md). So on
 the torch backend, on CPU, `MaskedBidirectional` and `MaskedRNN` call them
 directly for each direction (`maskedrnn.layers.kernels`), on the same
 valid-first / reversed data as on every other path. The outputs are the same
-function of the same weights (PyTorch's LSTM and reset-after GRU equations are Keras'; only the GRU
-gate order differs, see `_gru_params`), so gradients reach the Keras variables
-through PyTorch's autograd.
+function of the same weights (PyTorch's LSTM and reset-after GRU equations
+are Keras'; only the GRU gate order differs, see `_gru_params`), so gradients
+reach the Keras variables through PyTorch's autograd.
 
 Nothing is tried and caught. `unavailable_reason` checks every condition up
 front and says in words why a call cannot use these kernels; the layer then
