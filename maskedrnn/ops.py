@@ -135,11 +135,13 @@ def reverse_index(lengths, time):
     Returns:
         An int32 tensor of shape `(batch, time)`.
     """
-    if not isinstance(time, int):
-        time = ops.cast(time, "int32")
-    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    n = ops.expand_dims(ops.minimum(ops.maximum(lengths, 0), time), 1)
+    # `arange` takes `time` as it comes: an int, a scalar tensor (a TF graph)
+    # or a symbolic dimension (jax.export), which a cast would turn into a
+    # traced value that `arange` cannot size an array with.
     t = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
+    bound = time if isinstance(time, int) else ops.cast(time, "int32")
+    lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
+    n = ops.expand_dims(ops.minimum(ops.maximum(lengths, 0), bound), 1)
     return ops.where(t < n, n - 1 - t, t)
 
 
