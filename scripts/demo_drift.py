@@ -10,8 +10,9 @@ differences that accumulate over hundreds of steps. This script separates
 the two on the demo's default vowels run (`--layer` as in the demo):
 
 1. trains both models exactly as the demo does (same initial weights, same
-   seed before each `fit`) and prints the largest weight difference and the
-   largest test-probability difference (what the demo reports);
+   seed before each `fit`, the demo's torch thread count) and prints the
+   largest weight difference and the largest test-probability difference
+   (what the demo reports);
 2. copies the Keras model's trained weights into ours and predicts again:
    at the same weights the two must agree to float rounding (~1e-7 in
    probabilities); a wrong implementation would not.
@@ -27,6 +28,7 @@ import keras
 import numpy as np
 
 from maskedrnn import demo
+from maskedrnn._torch_threads import resolve_threads, torch_cpu_threads
 
 
 def main(layer):
@@ -72,4 +74,6 @@ def main(layer):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bidirectional")
+    # The demo's thread count on torch (rounding depends on it).
+    with torch_cpu_threads(resolve_threads()[0]):
+        main(sys.argv[1] if len(sys.argv) > 1 else "bidirectional")
