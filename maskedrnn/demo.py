@@ -1,4 +1,4 @@
-"""End-to-end demo: `MaskedBidirectional` vs Keras' masked and unmasked wrappers.
+"""End-to-end demo: `MaskedBidirectional` (or `MaskedRNN`) vs Keras' own layers.
 
 Run it with `python -m maskedrnn` (see `main` for the options). Three models
 are built from the same initial weights and trained on the same data in the
@@ -10,6 +10,13 @@ same batch order:
   same mask (on GPU, Keras leaves cuDNN for a general mask);
 * `naive`: the same `keras.layers.Bidirectional` with no mask at all: it reads
   the padded steps as if they were data.
+
+With `layer="rnn"` (`--layer rnn`) the three models use one direction
+instead: `masked_rnn` (`maskedrnn.MaskedRNN(LSTM)` fed the mask),
+`keras_masked` (Keras' `LSTM` fed the same mask) and `naive` (Keras' `LSTM`
+with no mask); everything below holds for them too. (On `"distance"` a
+forward LSTM cannot know how far the end is, so its accuracy stays low: the
+task needs the backward direction. The agreement checks still apply.)
 
 The first two compute the same function, so after training they should give
 nearly the same predictions (they differ only by float rounding order); the
@@ -35,8 +42,9 @@ Tasks:
   `maskedrnn.MaskedLoss` and `maskedrnn.MaskedAccuracy` (label `-1` marks
   padding). Metric: test accuracy over the valid tokens.
 
-Finally the `masked_bidirectional` model is saved as `.keras`, reloaded, and
-its test predictions are checked to equal the in-memory ones.
+Finally our model (`masked_bidirectional` or `masked_rnn`) is saved as
+`.keras`, reloaded, and its test predictions are checked to equal the
+in-memory ones.
 
 `python -m maskedrnn` exits with status 1 (and says why on stderr) when one
 of the promises the README makes does not hold (`check_agreement`): ours
@@ -67,13 +75,15 @@ from maskedrnn.datasets import (
     make_distance_to_end_task,
     pad_batch,
 )
-from maskedrnn.layers import MaskedBidirectional
+from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 from maskedrnn.losses import MaskedLoss
 from maskedrnn.metrics import MaskedAccuracy
 
 __all__ = [
     "AGREEMENT_ATOL",
+    "LAYERS",
     "MODEL_NAMES",
+    "RNN_MODEL_NAMES",
     "TASKS",
     "check_agreement",
     "format_results",
@@ -89,6 +99,14 @@ _MODEL_LABELS = {
     "masked_bidirectional": "MaskedBidirectional",
     "keras_masked": "keras Bidirectional + mask",
     "naive": "keras Bidirectional, no mask",
+}
+# `layer="rnn"`: the same comparison for one direction (`MaskedRNN`).
+LAYERS = ("bidirectional", "rnn")
+RNN_MODEL_NAMES = ("masked_rnn", "keras_masked", "naive")
+_RNN_MODEL_LABELS = {
+    "masked_rnn": "MaskedRNN",
+    "keras_masked": "keras LSTM + mask",
+    "naive": "keras LSTM, no mask",
 }
 
 # Default hyper-parameters per task; `quick` ones are for tests and CI.
@@ -116,10 +134,26 @@ _RELOAD_ATOL = 1e-6
 # 1e-5 leaves a 12x margin and still catches any real divergence (the
 # unmasked model differs by >1e-3; our outputs scaled by 1.01, by 1.8e-4
 # after one quick epoch on torch).
+# With `layer="rnn"` the default vowels runs end 7.2e-7 (TensorFlow) and
+# 1.3e-6 (JAX) apart, but 6.3e-5 on torch, which fails the check
+# (docs/results/demo_vowels_pre_*_rnn.txt): there `MaskedRNN` trains on
+# PyTorch's fused kernel against Keras' step loop, and Adam amplifies their
+# ~1e-7 rounding differences over 360 steps. At the same weights the two
+# agree to 3.6e-7 (scripts/demo_drift.py, docs/results/demo_drift_torch_rnn.txt).
 AGREEMENT_ATOL = 1e-5
 # The padding-invariance check re-pads the test set with this many times its
 # padded length of extra padding.
 _EXTRA_PADDING_FACTOR = 2
+
+
+def _model_names(layer):
+    """The three model names of a run with `layer` (`MODEL_NAMES` or
+    `RNN_MODEL_NAMES`); the first is ours."""
+    return RNN_MODEL_NAMES if layer == "rnn" else MODEL_NAMES
+
+
+def _labels(layer):
+    return _RNN_MODEL_LABELS if layer == "rnn" else _MODEL_LABELS
 
 
 # --------------------------------------------------------------------- data
@@ -201,8 +235,8 @@ def _valid_steps(lengths, maxlen, padding):
 # ------------------------------------------------------------------- models
 
 
-def _build_model(task, kind, data, units):
-    """One of the three models; `kind` is one of `MODEL_NAMES`."""
+def _build_model(task, kind, data, units, layer="bidirectional"):
+    """One of the three models; `kind` is one of `_model_names(layer)`."""
     if task == "vowels":
         inputs = keras.Input((None, data["n_features"]), name="frames")
         x = inputs
@@ -216,7 +250,14 @@ def _build_model(task, kind, data, units):
         )(inputs)
         return_sequences = True
     lstm = keras.layers.LSTM(units, return_sequences=return_sequences, use_cudnn="auto")
-    if kind == "masked_bidirectional":
+    if layer == "rnn":
+        # MaskedRNN has the LSTM's weights in the same order, so `set_weights`
+        # copies them across the three models.
+        if kind == "masked_rnn":
+            x = MaskedRNN(lstm, name="rnn")(x)
+        else:
+            x = keras.layers.LSTM.from_config({**lstm.get_config(), "name": "rnn"})(x)
+    elif kind == "masked_bidirectional":
         x = MaskedBidirectional(lstm, name="bidirectional")(x)
     else:
         x = keras.layers.Bidirectional(lstm, name="bidirectional")(x)
@@ -316,11 +357,22 @@ def _check_int(name, value, low):
 
 
 def _settings(
-    task, epochs, batch_size, padding, seed, units, quick, save_path, threads=None
+    task,
+    epochs,
+    batch_size,
+    padding,
+    seed,
+    units,
+    quick,
+    save_path,
+    threads=None,
+    layer="bidirectional",
 ):
     """Checks `run_demo`'s arguments; returns the resolved hyper-parameters."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}; got {task!r}.")
+    if layer not in LAYERS:
+        raise ValueError(f"layer (--layer) must be one of {LAYERS}; got {layer!r}.")
     if padding not in ("pre", "post"):
         raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
     settings = dict(_DEFAULTS[task])
@@ -341,6 +393,7 @@ def _settings(
                 f"save_path (--save) must end with '.keras'; got {save_path!r}."
             )
     settings["save_path"] = save_path
+    settings["layer"] = layer
     if threads is not None:
         _check_int("threads", threads, 1)
     settings["threads"], settings["threads_source"] = resolve_threads(threads)
@@ -358,6 +411,7 @@ def run_demo(
     save_path=None,
     verbose=1,
     threads=None,
+    layer="bidirectional",
 ):
     """Trains the three models of the demo and compares them.
 
@@ -404,15 +458,21 @@ def run_demo(
         threads: Int >= 1 or `None`: PyTorch's CPU thread count while the
             demo runs (torch backend only; restored afterwards). `None`
             (default) uses `OMP_NUM_THREADS` if set, else 1.
+        layer: `"bidirectional"` (default) compares `MaskedBidirectional`
+            with Keras' `Bidirectional`; `"rnn"` compares `MaskedRNN(LSTM)`
+            with Keras' `LSTM` (one direction, `RNN_MODEL_NAMES`). `units`
+            is then the LSTM's units.
 
     Returns:
         A dict with keys:
         - `"task"`, `"backend"`, `"padding"`, `"seed"`, `"epochs"`,
-          `"batch_size"`, `"units"`, `"quick"`: the settings used, and
+          `"batch_size"`, `"units"`, `"quick"`, `"layer"`: the settings used,
+          and
           `"extra_padding"`: the number of padding steps added for the
           padding-invariance check, and `"torch_threads"`: PyTorch's CPU
           thread count (`None` on other backends).
-        - `"models"`: for each name in `MODEL_NAMES`, a dict with
+        - `"models"`: for each name in `MODEL_NAMES` (`RNN_MODEL_NAMES`
+          with `layer="rnn"`), a dict with
           `"accuracy"` (test accuracy), `"extra_padding_accuracy"` (the same
           with the extra padding), `"extra_padding_max_abs_diff"` (max
           absolute change of the softmax probabilities caused by the extra
@@ -436,7 +496,16 @@ def run_demo(
         ValueError: for an invalid argument; the message names it.
     """
     settings = _settings(
-        task, epochs, batch_size, padding, seed, units, quick, save_path, threads
+        task,
+        epochs,
+        batch_size,
+        padding,
+        seed,
+        units,
+        quick,
+        save_path,
+        threads,
+        layer,
     )
     with torch_cpu_threads(settings["threads"]) as torch_threads:
         results = _run(task, padding, seed, quick, settings, verbose, torch_threads)
@@ -470,19 +539,22 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
             )
 
     keras.utils.set_random_seed(seed)
-    models = {kind: _build_model(task, kind, data, units) for kind in MODEL_NAMES}
-    initial = models["masked_bidirectional"].get_weights()
-    for kind in MODEL_NAMES[1:]:
+    layer = settings["layer"]
+    names, labels = _model_names(layer), _labels(layer)
+    ours = names[0]
+    models = {kind: _build_model(task, kind, data, units, layer) for kind in names}
+    initial = models[ours].get_weights()
+    for kind in names[1:]:
         models[kind].set_weights(initial)
 
     extra = _EXTRA_PADDING_FACTOR * data["maxlen"]
     x_test_more = _pad_more(data["x_test"], extra, padding)
     original_steps = _pad_more(np.ones_like(data["valid_test"]), extra, padding)
     per_model = {}
-    for kind in MODEL_NAMES:
+    for kind in names:
         model = models[kind]
         _compile(model, task, settings["learning_rate"])
-        progress = _Progress(_MODEL_LABELS[kind], epochs, verbose)
+        progress = _Progress(labels[kind], epochs, verbose)
         keras.utils.set_random_seed(seed)
         model.fit(
             data["x_train"],
@@ -525,8 +597,8 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
         return float(diff.max())
 
     reload_info = _save_and_reload(
-        models["masked_bidirectional"],
-        per_model["masked_bidirectional"]["logits"],
+        models[ours],
+        per_model[ours]["logits"],
         data["x_test"],
         batch_size,
         save_path,
@@ -541,12 +613,13 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
         "batch_size": batch_size,
         "units": units,
         "quick": bool(quick),
+        "layer": layer,
         "models": per_model,
         "x_test": data["x_test"],
         "y_test": data["y_test"],
         "valid_test": data["valid_test"],
         "max_abs_diff": {
-            "ours_vs_keras_masked": prob_diff("masked_bidirectional", "keras_masked"),
+            "ours_vs_keras_masked": prob_diff(ours, "keras_masked"),
             "naive_vs_keras_masked": prob_diff("naive", "keras_masked"),
         },
         "reload": reload_info,
@@ -572,13 +645,14 @@ def _save_and_reload(model, logits, x_test, batch_size, save_path):
         os.makedirs(parent, exist_ok=True)
         return check(save_path)
     with tempfile.TemporaryDirectory() as tmp:
-        return check(os.path.join(tmp, "masked_bidirectional.keras"))
+        return check(os.path.join(tmp, f"{model.name}.keras"))
 
 
 def check_agreement(results, atol=AGREEMENT_ATOL):
     """What the README promises about a demo run, checked.
 
-    1. `MaskedBidirectional` and Keras' masked `Bidirectional` predict the
+    1. `MaskedBidirectional` and Keras' masked `Bidirectional` (with
+       `layer="rnn"`: `MaskedRNN` and Keras' masked `LSTM`) predict the
        same probabilities, to `atol` (over valid tokens for `"distance"`).
     2. Re-padding the test set with extra padding changes neither masked
        model's probabilities by more than `atol`.
@@ -610,18 +684,21 @@ def check_agreement(results, atol=AGREEMENT_ATOL):
         A list of messages, one per broken promise; empty when all hold.
     """
     problems = []
+    layer = results.get("layer", "bidirectional")
+    ours, labels = _model_names(layer)[0], _labels(layer)
+    keras_layer = "LSTM" if layer == "rnn" else "Bidirectional"
     diff = results["max_abs_diff"]["ours_vs_keras_masked"]
     if not diff <= atol:  # also catches NaN
         problems.append(
-            "MaskedBidirectional and Keras' masked Bidirectional disagree: "
+            f"{labels[ours]} and Keras' masked {keras_layer} disagree: "
             f"their predicted probabilities differ by up to {diff:.1e}, more "
             f"than the {atol:.1e} float rounding explains."
         )
-    for kind in ("masked_bidirectional", "keras_masked"):
+    for kind in (ours, "keras_masked"):
         shift = results["models"][kind]["extra_padding_max_abs_diff"]
         if not shift <= atol:
             problems.append(
-                f"{_MODEL_LABELS[kind]} changed its predictions by up to "
+                f"{labels[kind]} changed its predictions by up to "
                 f"{shift:.1e} when the test set got more padding; a masked "
                 f"model must not change them by more than {atol:.1e}."
             )
@@ -674,10 +751,12 @@ def format_results(results):
         f"{'train loss':>10} {'acc +pad':>8} {'max dp +pad':>11}"
     )
     lines = ["", header, "-" * len(header)]
-    for kind in MODEL_NAMES:
+    layer = results.get("layer", "bidirectional")
+    names, labels = _model_names(layer), _labels(layer)
+    for kind in names:
         m = results["models"][kind]
         lines.append(
-            f"{_MODEL_LABELS[kind]:<30} {m['accuracy']:>15.4f} "
+            f"{labels[kind]:<30} {m['accuracy']:>15.4f} "
             f"{m['first_epoch_s']:>11.2f} {m['epoch_s']:>8.3f} "
             f"{m['train_loss']:>10.4f} {m['extra_padding_accuracy']:>8.4f} "
             f"{m['extra_padding_max_abs_diff']:>11.1e}"
@@ -689,7 +768,7 @@ def format_results(results):
         "",
         f"max |p_ours - p_keras_masked|{where}: {diffs['ours_vs_keras_masked']:.2e}",
         f"max |p_naive - p_keras_masked|{where}: {diffs['naive_vs_keras_masked']:.2e}",
-        "save/reload of MaskedBidirectional model: "
+        f"save/reload of {labels[names[0]]} model: "
         + ("OK" if reload["ok"] else "MISMATCH")
         + f" (max |diff| {reload['max_abs_diff']:.1e}"
         + (f", saved to {reload['path']}" if reload["path"] else "")
@@ -832,7 +911,8 @@ def _parser():
         prog="python -m maskedrnn",
         description=(
             "Train MaskedBidirectional, keras Bidirectional with a mask and "
-            "keras Bidirectional without a mask from the same initial weights "
+            "keras Bidirectional without a mask (with --layer rnn: MaskedRNN, "
+            "keras LSTM with and without a mask) from the same initial weights "
             "and compare accuracy, speed and predictions. The backend is "
             "chosen with the KERAS_BACKEND environment variable."
         ),
@@ -843,6 +923,13 @@ def _parser():
         default="vowels",
         help="vowels: UCI Japanese Vowels speaker recognition (default); "
         "distance: synthetic distance-to-end tagging.",
+    )
+    parser.add_argument(
+        "--layer",
+        choices=LAYERS,
+        default="bidirectional",
+        help="bidirectional: MaskedBidirectional vs keras Bidirectional "
+        "(default); rnn: MaskedRNN(LSTM) vs keras LSTM, one direction.",
     )
     parser.add_argument(
         "--epochs", type=int, help="training epochs (default: 40 vowels, 10 distance)"
@@ -880,7 +967,8 @@ def _parser():
     parser.add_argument(
         "--save",
         metavar="PATH",
-        help="save the MaskedBidirectional model to PATH (.keras); default: a "
+        help="save our model (MaskedBidirectional, or MaskedRNN with --layer "
+        "rnn) to PATH (.keras); default: a "
         "temporary file, deleted afterwards",
     )
     parser.add_argument(
@@ -916,6 +1004,7 @@ def main(argv=None):
         "quick": args.quick,
         "save_path": args.save,
         "threads": args.threads,
+        "layer": args.layer,
     }
     try:
         _settings(**kwargs)

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn import MaskedBidirectional, _torch_threads, datasets, demo
+from maskedrnn import MaskedBidirectional, MaskedRNN, _torch_threads, datasets, demo
 
 BACKEND = keras.backend.backend()
 # Ours and Keras' masked wrapper compute the same function; after two quick
@@ -155,6 +155,7 @@ def test_vowels_features_standardised_over_valid_frames(padding):
         ({"seed": -1}, "seed"),
         ({"save_path": "model.h5"}, "save_path"),
         ({"threads": 0}, "threads"),
+        ({"layer": "lstm"}, "layer"),
     ],
 )
 def test_invalid_arguments_are_refused_early(kwargs, name):
@@ -282,3 +283,124 @@ def test_torch_thread_count_is_set_then_restored():
     with _torch_threads.torch_cpu_threads(2):
         assert torch.get_num_threads() == 2
     assert torch.get_num_threads() == before
+
+
+# ------------------------------------------------- --layer rnn: MaskedRNN(LSTM)
+
+
+@pytest.fixture(scope="module")
+def rnn_distance(tmp_path_factory):
+    # Left padding: the case where a masked LSTM must skip leading steps.
+    path = tmp_path_factory.mktemp("demo_rnn") / "ours_rnn.keras"
+    results = demo.run_demo(
+        "distance",
+        quick=True,
+        padding="pre",
+        layer="rnn",
+        save_path=path,
+        verbose=0,
+    )
+    return results, path
+
+
+def test_rnn_models_are_one_direction_lstms():
+    data = demo._distance_data("pre", quick=True, seed=0)
+    models = {
+        kind: demo._build_model("distance", kind, data, 4, layer="rnn")
+        for kind in demo.RNN_MODEL_NAMES
+    }
+    ours = models["masked_rnn"].get_layer("rnn")
+    assert isinstance(ours, MaskedRNN)
+    assert isinstance(ours.layer, keras.layers.LSTM)
+    for kind in ("keras_masked", "naive"):
+        layer = models[kind].get_layer("rnn")
+        assert type(layer) is keras.layers.LSTM, kind
+    embeddings = {kind: m.layers[1] for kind, m in models.items()}
+    assert embeddings["masked_rnn"].mask_zero and embeddings["keras_masked"].mask_zero
+    assert not embeddings["naive"].mask_zero
+    # The same weights in the same order: one set fits all three models.
+    shapes = [[w.shape for w in m.get_weights()] for m in models.values()]
+    assert shapes[0] == shapes[1] == shapes[2]
+
+
+def test_rnn_distance_ours_matches_keras_masked_lstm(rnn_distance):
+    results, _ = rnn_distance
+    assert results["layer"] == "rnn"
+    models = results["models"]
+    assert set(models) == set(demo.RNN_MODEL_NAMES)
+    valid = results["valid_test"]
+    np.testing.assert_array_equal(valid, results["y_test"] != -1)
+    assert not valid[:, 0].all()  # left padding: some rows start with padding
+    ours = _probs(models["masked_rnn"]["logits"])[valid]
+    ref = _probs(models["keras_masked"]["logits"])[valid]
+    np.testing.assert_allclose(ours, ref, atol=AGREE_ATOL, rtol=0)
+    reported = results["max_abs_diff"]["ours_vs_keras_masked"]
+    assert reported == pytest.approx(np.abs(ours - ref).max(), abs=1e-7)
+    assert reported <= demo.AGREEMENT_ATOL
+    for kind in demo.RNN_MODEL_NAMES:
+        predicted = models[kind]["logits"].argmax(-1)[valid]
+        expected = np.mean(predicted == results["y_test"][valid])
+        assert models[kind]["accuracy"] == pytest.approx(expected, abs=1e-12)
+    assert demo.check_agreement(results) == []
+    table = demo.format_results(results)
+    for label in ("MaskedRNN ", "keras LSTM + mask ", "keras LSTM, no mask "):
+        assert label in table
+    assert "max |p_ours - p_keras_masked| (valid tokens): " in table
+    assert "save/reload of MaskedRNN model: OK" in table
+    summary = demo.summarize(results)
+    assert summary["layer"] == "rnn" and summary["problems"] == []
+    json.dumps(summary)  # JSON-ready
+
+
+def test_rnn_distance_naive_reads_padding(rnn_distance):
+    results, _ = rnn_distance
+    models = results["models"]
+    diffs = results["max_abs_diff"]
+    assert diffs["naive_vs_keras_masked"] > DIFFERS_ATOL
+    assert diffs["naive_vs_keras_masked"] > 100 * diffs["ours_vs_keras_masked"]
+    assert models["naive"]["extra_padding_max_abs_diff"] > DIFFERS_ATOL
+    for kind in ("masked_rnn", "keras_masked"):
+        assert models[kind]["extra_padding_max_abs_diff"] < 1e-5, kind
+        assert models[kind]["extra_padding_accuracy"] == models[kind]["accuracy"]
+
+
+def test_rnn_distance_saved_model_reloads(rnn_distance):
+    results, path = rnn_distance
+    assert results["reload"]["path"] == os.fspath(path)
+    assert results["reload"]["ok"]
+    reloaded = keras.saving.load_model(path)
+    assert isinstance(reloaded.get_layer("rnn"), MaskedRNN)
+    again = reloaded.predict(results["x_test"], verbose=0)
+    np.testing.assert_allclose(
+        again, results["models"]["masked_rnn"]["logits"], atol=1e-6
+    )
+
+
+def test_check_agreement_names_masked_rnn():
+    results = _results(ours_vs_keras=2e-5, shift_ours=3e-3)
+    results["layer"] = "rnn"
+    models = results["models"]
+    models["masked_rnn"] = models.pop("masked_bidirectional")
+    disagree, shifted = demo.check_agreement(results)
+    assert disagree.startswith("MaskedRNN and Keras' masked LSTM disagree")
+    assert shifted.startswith("MaskedRNN changed its predictions")
+
+
+@pytest.mark.skipif(
+    BACKEND != "torch",
+    reason="the exit status does not depend on the backend; cheapest on torch",
+)
+def test_cli_layer_rnn_exits_nonzero_when_ours_disagrees(monkeypatch, capsys):
+    """`MaskedRNN`'s outputs scaled by 1.01: `--layer rnn` must exit 1."""
+    call = MaskedRNN.call
+
+    @functools.wraps(call)
+    def perturbed(self, *args, **kwargs):
+        return call(self, *args, **kwargs) * 1.01
+
+    monkeypatch.setattr(MaskedRNN, "call", perturbed)
+    argv = ["--quick", "--task", "distance", "--epochs", "1", "--layer", "rnn"]
+    assert demo.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "error: MaskedRNN and Keras' masked LSTM disagree" in err
+    assert "exit status 1" in err
