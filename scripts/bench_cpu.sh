@@ -2,7 +2,8 @@
 # Re-measures every CPU figure of docs/benchmarks.md and README's speed section:
 # writes docs/results/cpu-*.json (the bench's full results) and cpu-*.txt (its
 # printed table), and the plots docs/img/bench_cpu_<backend>.png.
-#   scripts/bench_cpu.sh rnn          # only the MaskedRNN runs (cpu-<backend>-rnn-*)
+#   scripts/bench_cpu.sh rnn          # only the MaskedRNN runs, left-padded
+#   scripts/bench_cpu.sh rnn-post     # only the MaskedRNN runs, right-padded (*-post)
 # Each run is its own process (the Keras backend and the thread pools are fixed
 # at start). Takes well over half an hour on a 2-core machine.
 #   scripts/bench_cpu.sh [NAME...]     # default: all; NAME e.g. torch-lstm, jax-gru-full-small
@@ -25,20 +26,24 @@ RUNS[jax-gru-full-small]="jax $JAX_GRU --batch 16 --time 50 --features 32 --unit
 RUNS[jax-gru-full-large]="jax $JAX_GRU --batch 64 --time 200 --features 128 --units 128"
 # MaskedRNN (one direction, --layer rnn) against Keras' LSTM/GRU and PyTorch's
 # bidirectional=False, left-padded (issue 11's CPU targets).
-RNN="--layer rnn --padding pre --batch 32 --time 100 --features 64 --units 64
+RNN="--layer rnn --batch 32 --time 100 --features 64 --units 64
      --lengths uniform:0.2 --mode both --repeats 20 --warmup 3 --threads 1 --no-progress"
 RNN=${RNN//$'\n'/ }
 for b in tensorflow jax torch; do
   for c in lstm gru; do
-    RUNS[$b-rnn-$c]="$b $RNN --cell $c"
-    RUNS[$b-rnn-$c-state]="$b $RNN --cell $c --return-state"
+    RUNS[$b-rnn-$c]="$b $RNN --padding pre --cell $c"
+    RUNS[$b-rnn-$c-state]="$b $RNN --padding pre --cell $c --return-state"
+    # Right-padded: where the time goes (mask= gathers vs lengths=, which has none)
+    RUNS[$b-rnn-$c-post]="$b $RNN --padding post --cell $c"
+    RUNS[$b-rnn-$c-state-post]="$b $RNN --padding post --cell $c --return-state"
   done
 done
 names=("$@")
-if [ "${names[*]:-}" = rnn ]; then
+if [ "${names[*]:-}" = rnn ] || [ "${names[*]:-}" = rnn-post ]; then
+  suffix=${names[0]#rnn}
   names=()
   for b in tensorflow jax torch; do
-    for c in lstm gru; do names+=("$b-rnn-$c" "$b-rnn-$c-state"); done
+    for c in lstm gru; do names+=("$b-rnn-$c$suffix" "$b-rnn-$c-state$suffix"); done
   done
 fi
 if [ ${#names[@]} = 0 ]; then
@@ -46,7 +51,9 @@ if [ ${#names[@]} = 0 ]; then
          tensorflow-lstm-state jax-lstm-state torch-lstm-state
          jax-gru-full-small jax-gru-full-large)
   for b in tensorflow jax torch; do
-    for c in lstm gru; do names+=("$b-rnn-$c" "$b-rnn-$c-state"); done
+    for c in lstm gru; do
+      names+=("$b-rnn-$c" "$b-rnn-$c-state" "$b-rnn-$c-post" "$b-rnn-$c-state-post")
+    done
   done
 fi
 status=0
