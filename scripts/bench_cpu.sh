@@ -2,8 +2,10 @@
 # Re-measures every CPU figure of docs/benchmarks.md and README's speed section:
 # writes docs/results/cpu-*.json (the bench's full results) and cpu-*.txt (its
 # printed table), and the plots docs/img/bench_cpu_<backend>.png.
+#   scripts/bench_cpu.sh rnn          # only the MaskedRNN runs, left-padded
+#   scripts/bench_cpu.sh rnn-post     # only the MaskedRNN runs, right-padded (*-post)
 # Each run is its own process (the Keras backend and the thread pools are fixed
-# at start). Takes about half an hour on a 2-core machine.
+# at start). Takes well over half an hour on a 2-core machine.
 #   scripts/bench_cpu.sh [NAME...]     # default: all; NAME e.g. torch-lstm, jax-gru-full-small
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,11 +24,37 @@ done
 JAX_GRU="--cell gru --lengths full --mode both --repeats 20 --warmup 3 --threads 1 --no-progress"
 RUNS[jax-gru-full-small]="jax $JAX_GRU --batch 16 --time 50 --features 32 --units 32"
 RUNS[jax-gru-full-large]="jax $JAX_GRU --batch 64 --time 200 --features 128 --units 128"
+# MaskedRNN (one direction, --layer rnn) against Keras' LSTM/GRU and PyTorch's
+# bidirectional=False, left-padded (issue 11's CPU targets).
+RNN="--layer rnn --batch 32 --time 100 --features 64 --units 64
+     --lengths uniform:0.2 --mode both --repeats 20 --warmup 3 --threads 1 --no-progress"
+RNN=${RNN//$'\n'/ }
+for b in tensorflow jax torch; do
+  for c in lstm gru; do
+    RUNS[$b-rnn-$c]="$b $RNN --padding pre --cell $c"
+    RUNS[$b-rnn-$c-state]="$b $RNN --padding pre --cell $c --return-state"
+    # Right-padded: where the time goes (mask= gathers vs lengths=, which has none)
+    RUNS[$b-rnn-$c-post]="$b $RNN --padding post --cell $c"
+    RUNS[$b-rnn-$c-state-post]="$b $RNN --padding post --cell $c --return-state"
+  done
+done
 names=("$@")
+if [ "${names[*]:-}" = rnn ] || [ "${names[*]:-}" = rnn-post ]; then
+  suffix=${names[0]#rnn}
+  names=()
+  for b in tensorflow jax torch; do
+    for c in lstm gru; do names+=("$b-rnn-$c$suffix" "$b-rnn-$c-state$suffix"); done
+  done
+fi
 if [ ${#names[@]} = 0 ]; then
   names=(tensorflow-lstm jax-lstm torch-lstm tensorflow-gru jax-gru torch-gru
          tensorflow-lstm-state jax-lstm-state torch-lstm-state
          jax-gru-full-small jax-gru-full-large)
+  for b in tensorflow jax torch; do
+    for c in lstm gru; do
+      names+=("$b-rnn-$c" "$b-rnn-$c-state" "$b-rnn-$c-post" "$b-rnn-$c-state-post")
+    done
+  done
 fi
 status=0
 for name in "${names[@]}"; do

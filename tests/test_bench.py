@@ -486,12 +486,49 @@ def test_every_table_in_benchmarks_page_is_its_committed_json():
     root = pathlib.Path(__file__).resolve().parents[1]
     page = (root / "docs" / "benchmarks.md").read_text()
     found = re.findall(r"<!-- bench-table (\S+) -->\n((?:\|.*\n)+)", page)
-    assert len(found) >= 9, "the CPU tables lost their bench-table markers"
+    assert len(found) >= 21, "the CPU tables lost their bench-table markers"
     for path, table in found:
         with open(root / path) as f:
             results = json.load(f)
         assert table.strip() == bench.report.markdown_table(results), path
         assert results["environment"]["device"] == "cpu" or "gpu" in path
+
+
+def test_every_ratio_quoted_in_benchmarks_page_is_its_committed_json():
+    """The ratio tables of docs/benchmarks.md (`<!-- bench-ratios -->`: one
+    row per JSON file and ratio, columns `fwd+bwd` and `fwd`) quote the
+    JSON's `ratios`, rounded to 2 digits; where a row has a `target`
+    (`≤ X`), its verdict is "met" exactly when the rounded ratio is at most X,
+    and otherwise "missed by" the difference."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "benchmarks.md").read_text()
+    found = re.findall(r"<!-- bench-ratios -->\n((?:\|.*\n)+)", page)
+    assert len(found) >= 2, "the MaskedRNN ratio tables lost their markers"
+    checked = 0
+    for table in found:
+        lines = table.strip().splitlines()
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        for line in lines[2:]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+            with open(root / cells["JSON"].strip("`")) as f:
+                results = json.load(f)
+            ratio = cells["ratio"].strip("`")
+            for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
+                value = f"{results['ratios'][mode][ratio]:.2f}"
+                assert cells[column].split()[0] == value, (line, column)
+                if "target" not in cells:
+                    continue
+                limit = float(cells["target"].removeprefix("≤ "))
+                if float(value) <= limit:
+                    assert cells[column] == f"{value} met", (line, column)
+                else:
+                    over = f"{float(value) - limit:.2f}"
+                    assert cells[column] == f"{value} **missed** by {over}", line
+                checked += 1
+    assert checked == 24, "expected 12 target rows, each fwd+bwd and fwd"
 
 
 @pytest.mark.slow
