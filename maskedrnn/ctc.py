@@ -164,8 +164,14 @@ def masked_ctc(
 
     Example:
 
-    >>> logits = model(x)  # (batch, time, classes), no Keras mask
-    >>> loss = ops.mean(masked_ctc(y_true, logits, lengths=frame_counts))
+    Uniform logits over (blank, 1, 2) and the labels `1 2` in a row's 3
+    valid frames: 5 of the 27 paths spell `1 2`, so the loss is
+    `-log(5 / 27)` (the 4th, padded frame does not count).
+
+    >>> logits = np.zeros((1, 4, 3), "float32")  # (batch, time, classes)
+    >>> y_true = np.array([[1, 2]])
+    >>> round(float(masked_ctc(y_true, logits, lengths=[3])[0]), 4)
+    1.6864
     """
     if mask is not None and lengths is not None:
         raise ValueError(
@@ -391,10 +397,18 @@ def ctc_decode(
 
     Example:
 
-    >>> logits = model.predict(x)                  # (batch, time, classes)
-    >>> decoded, _ = ctc_decode(logits, mask=x_mask)
-    >>> ctc_ids_to_text(decoded[0], vocabulary=char_to_num)
-    ['hello', 'world']
+    Frames that read `a a <blank> b`, then a padded frame that reads `a`:
+
+    >>> probs = [[[.1, .8, .1], [.1, .8, .1], [.8, .1, .1], [.1, .1, .8],
+    ...           [.1, .8, .1]]]
+    >>> logits = np.log(np.array(probs, "float32"))  # (batch, time, classes)
+    >>> decoded, _ = ctc_decode(logits, mask=[[1, 1, 1, 1, 0]])
+    >>> decoded[0]
+    [[1, 2, -1, -1, -1]]
+    >>> ctc_ids_to_text(decoded[0], vocabulary="-ab")  # index 0: the blank
+    ['ab']
+    >>> ctc_ids_to_text(ctc_decode(logits)[0][0], vocabulary="-ab")  # no mask
+    ['aba']
     """
     if mask is not None and lengths is not None:
         raise ValueError(
