@@ -334,3 +334,31 @@ def test_griffe_extension_rewrites_keras_sections():
     )
     google = "Summary.\n\nArgs:\n    x: The input.\n\nReturns:\n    y."
     assert rewrite(google) == google
+
+
+def _module_map(path):
+    text = path.read_text(encoding="utf-8")
+    start = text.index("## Module map")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_module_map_names_every_module(page):
+    """The module map (one line per module) lists every module of the
+    package: a new module that is not on it fails here."""
+    section = _module_map(ROOT / page)
+    package = ROOT / "maskedrnn"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel.endswith("__init__.py"):
+            continue
+        top = rel.split("/")[0]
+        if top in ("bench", "convert"):
+            # Subpackages with their own docstrings: named once, as a folder.
+            if f"`{top}/`" not in section:
+                missing.append(f"{top}/")
+        elif f"`{rel}`" not in section:
+            missing.append(rel)
+    assert not missing, f"{page}'s module map lacks {sorted(set(missing))}"
