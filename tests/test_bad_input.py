@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import BACKEND, flat, loss_and_grads, masked_pair, to_np
+from tests.helpers import (
+    BACKEND,
+    assert_close,
+    flat,
+    loss_and_grads,
+    masked_pair,
+    to_np,
+)
 
 B, T, D, U = 4, 5, 2, 3
 TF_ONLY = pytest.mark.skipif(
@@ -44,13 +51,6 @@ def layer(kind="gru", **kw):
 def pair(kind="gru", **kw):
     """(ours, Keras' masked Bidirectional) with the same weights."""
     return masked_pair(kind, U, D, **kw)
-
-
-def assert_close(actual, expected, atol=1e-5):
-    actual, expected = flat(actual), flat(expected)
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=atol, rtol=1e-5)
 
 
 def assert_loud(run, bad_rows, expected_good, compiled):

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import run_module_on_backend, to_np
+from tests.helpers import lengths_to_mask, run_module_on_backend, to_np
 
 V, D, U = 12, 3, 4
 ATOL = 1e-5
@@ -123,10 +123,6 @@ def make_batch(batch, time, seed):
     lengths = rng.integers(1, time, batch).astype("int32")
     lengths[0], lengths[-1] = time, 0
     return [ids, feats, lengths]
-
-
-def lengths_to_mask(lengths, time):
-    return np.arange(time)[None, :] < np.asarray(lengths)[:, None]
 
 
 def predict(model, inputs):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import BACKEND, flat, masked_pair, to_np
+from tests.helpers import BACKEND, assert_close, masked_pair
 
 D, U = 2, 3
 ATOL = 1e-5
@@ -42,13 +42,6 @@ def data(batch, time, seed=0):
 
 def right_mask(lengths, time):
     return np.arange(time)[None] < lengths[:, None]
-
-
-def assert_close(actual, expected, atol=ATOL):
-    actual, expected = flat(actual), flat(expected)
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=atol, rtol=1e-5)
 
 
 SHAPES = [(2, 5), (3, 7), (1, 1), (4, 3)]

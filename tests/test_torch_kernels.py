@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, convert
-from tests.helpers import flat, loss_and_grads, to_np
+from tests.helpers import assert_close, loss_and_grads, to_np
 
 if keras.backend.backend() != "torch":
     pytest.skip(
@@ -111,13 +111,6 @@ def native_calls(monkeypatch):
 
     monkeypatch.setattr(_torch_kernels, "run", spy)
     return calls
-
-
-def assert_close(actual, expected, atol=1e-5):
-    actual, expected = flat(actual), flat(expected)
-    assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=atol, rtol=1e-5)
 
 
 # -------------------------------------------------------- the native path
