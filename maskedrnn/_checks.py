@@ -80,7 +80,9 @@ def match_leading_dims(tensor, inputs, ndim, name):
     Example:
 
     >>> match_leading_dims(ops.ones((2, 5)), ops.ones((3, 5, 4)), 2, "mask")
-    ValueError: mask has 2 along axis 0 but inputs has 3 ...
+    Traceback (most recent call last):
+        ...
+    ValueError: mask has 2 along axis 0 but inputs has 3; pass mask ...
     """
     tensor = ops.convert_to_tensor(tensor)
     if len(tensor.shape) != ndim:
@@ -162,8 +164,8 @@ def poison_rows(tensors, bad):
 
     Example:
 
-    >>> poison_rows([[1., 2.], [3., 4.]], bad=[False, True])
-    [[1., 2.], [nan, nan]]
+    >>> poison_rows(ops.convert_to_tensor([[1., 2.], [3., 4.]]), bad=[False, True])
+    [[1.0, 2.0], [nan, nan]]
     """
     if isinstance(tensors, (list, tuple)):
         return type(tensors)(poison_rows(t, bad) for t in tensors)

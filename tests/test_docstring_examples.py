@@ -32,18 +32,9 @@ from keras import ops
 
 import maskedrnn
 
-# Qualified docstring name -> why its example does not run as written (the
-# docstrings of ops, _checks and the layers belong to the `core` work stream).
-NOT_EXECUTABLE = {
-    "maskedrnn._checks.match_leading_dims": (
-        "the expected exception is written without the 'Traceback (most recent "
-        "call last):' line doctest needs"
-    ),
-    "maskedrnn._checks.poison_rows": (
-        "a nested list is taken as a list of tensors (one per row), so the "
-        "example returns per-row tensors, not the poisoned matrix it shows"
-    ),
-}
+# Qualified docstring name -> why its example does not run as written (none
+# today; an entry runs as a non-strict xfail).
+NOT_EXECUTABLE = {}
 # Qualified docstring name -> the test that runs the same call.
 COVERED_ELSEWHERE = {
     "maskedrnn.demo.run_demo": (
