@@ -23,6 +23,7 @@ that a masked step repeats the last valid output).
 import keras
 from keras import ops
 
+from maskedrnn import _checks
 from maskedrnn import ops as mops
 from maskedrnn.layers import final_state, kernels
 
@@ -216,3 +217,41 @@ def inner_copy(layer, name):
         inner.use_cudnn = layer.use_cudnn
     kernels.use_generic_gru_loop(inner)
     return inner
+
+
+class MaskedWrapper(keras.layers.Layer):
+    """What `MaskedRNN` and `MaskedBidirectional` share as Keras layers.
+
+    `compute_output_spec` runs the argument checks that need no values, so a
+    bad `lengths`/`mask` fails when a Functional model is built from shapes;
+    `_empty_batch_outputs` answers a batch of 0 rows without an RNN call.
+    Each subclass supplies `compute_output_shape`.
+    """
+
+    def compute_output_spec(
+        self, inputs, mask=None, lengths=None, initial_state=None, training=None
+    ):
+        # Functional models are built from shapes alone: run the checks that
+        # need no values now, so a bad `lengths`/`mask` fails at model build.
+        if lengths is not None:
+            _checks.check_lengths_static(lengths, inputs)
+        elif mask is not None:
+            _checks.check_mask(mask, inputs)
+        return super().compute_output_spec(
+            inputs,
+            mask=mask,
+            lengths=lengths,
+            initial_state=initial_state,
+            training=training,
+        )
+
+    def _empty_batch_outputs(self, x):
+        """Outputs of the right shapes for a batch of 0 rows (no RNN call)."""
+        shapes = self.compute_output_shape(tuple(x.shape))
+        if isinstance(shapes[0], int) or shapes[0] is None:
+            shapes = [shapes]
+        outputs = [
+            ops.zeros(tuple(0 if d is None else d for d in shape), self.compute_dtype)
+            for shape in shapes
+        ]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -15,7 +15,7 @@ from maskedrnn.layers import direction, kernels
 
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
-class MaskedRNN(keras.layers.Layer):
+class MaskedRNN(direction.MaskedWrapper):
     """Wrapper for one RNN layer that honours masks and keeps its fused kernel.
 
     Behaves like the wrapped `keras.layers.LSTM`, `GRU`, `SimpleRNN` or
@@ -136,23 +136,6 @@ class MaskedRNN(keras.layers.Layer):
             return tuple([out] + states)
         return out
 
-    def compute_output_spec(
-        self, inputs, mask=None, lengths=None, initial_state=None, training=None
-    ):
-        # Functional models are built from shapes alone: run the checks that
-        # need no values now, so a bad `lengths`/`mask` fails at model build.
-        if lengths is not None:
-            _checks.check_lengths_static(lengths, inputs)
-        elif mask is not None:
-            _checks.check_mask(mask, inputs)
-        return super().compute_output_spec(
-            inputs,
-            mask=mask,
-            lengths=lengths,
-            initial_state=initial_state,
-            training=training,
-        )
-
     def compute_mask(self, inputs, mask=None):
         if isinstance(mask, (list, tuple)):
             mask = mask[0]
@@ -246,17 +229,6 @@ class MaskedRNN(keras.layers.Layer):
         outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
         if bad_rows is not None:
             outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-    def _empty_batch_outputs(self, x):
-        """Outputs of the right shapes for a batch of 0 rows (no RNN call)."""
-        shapes = self.compute_output_shape(tuple(x.shape))
-        if isinstance(shapes[0], int) or shapes[0] is None:
-            shapes = [shapes]
-        outputs = [
-            ops.zeros(tuple(0 if d is None else d for d in shape), self.compute_dtype)
-            for shape in shapes
-        ]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     # ---------------------------------------------------------------- config
