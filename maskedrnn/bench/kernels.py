@@ -215,6 +215,20 @@ def _cpu_note(tool):
     )
 
 
+def _report(tool, host, device, gpu, gpu_note):
+    """The profile entry of the JSON from the event counts of one profiled
+    call: `host` and `device` map event names to counts."""
+    return {
+        "tool": tool,
+        "cuda_kernels": _rnn_names(device) if gpu else [],
+        "cuda_kernels_top": _top(device),
+        "cuda_kernels_total": sum(device.values()),
+        "host_events_total": sum(host.values()),
+        "rnn_ops": _rnn_names(host),
+        "note": gpu_note if gpu else _cpu_note(tool),
+    }
+
+
 def profile_torch(step, block, gpu):
     """One call of `step` under `torch.profiler`: RNN host ops and, on CUDA,
     the RNN CUDA kernels (cuDNN's by name), with their counts."""
@@ -229,20 +243,13 @@ def profile_torch(step, block, gpu):
     for event in prof.events():
         kind = str(getattr(event, "device_type", "")).rsplit(".", 1)[-1]
         (device if kind == "CUDA" else host)[event.name] += 1
-    report = {
-        "tool": "torch.profiler",
-        "cuda_kernels": _rnn_names(device) if gpu else [],
-        "cuda_kernels_top": _top(device),
-        "cuda_kernels_total": sum(device.values()),
-        "host_events_total": sum(host.values()),
-        "rnn_ops": _rnn_names(host),
-    }
-    report["note"] = (
-        "RNN CUDA kernels by name (cuDNN's RNN kernels mean cuDNN computed)"
-        if gpu
-        else _cpu_note("torch.profiler")
+    return _report(
+        "torch.profiler",
+        host,
+        device,
+        gpu,
+        "RNN CUDA kernels by name (cuDNN's RNN kernels mean cuDNN computed)",
     )
-    return report
 
 
 def profile_jax(step, block, gpu):
@@ -268,18 +275,11 @@ def profile_jax(step, block, gpu):
         for line in plane.lines:
             for event in line.events:
                 target[event.name] += 1
-    report = {
-        "tool": "jax.profiler",
-        "cuda_kernels": _rnn_names(device) if gpu else [],
-        "cuda_kernels_top": _top(device),
-        "cuda_kernels_total": sum(device.values()),
-        "host_events_total": sum(host.values()),
-        "rnn_ops": _rnn_names(host),
-    }
-    report["note"] = (
+    return _report(
+        "jax.profiler",
+        host,
+        device,
+        gpu,
         "RNN kernels of the GPU planes by name (cuDNN's RNN kernels mean "
-        "cuDNN computed)"
-        if gpu
-        else _cpu_note("jax.profiler")
+        "cuDNN computed)",
     )
-    return report
