@@ -7,6 +7,13 @@ graphs they are skipped (see docs for what happens then).
 
 `prefers_generic_gru_loop`: which Keras GRU loop is faster on a JAX CPU.
 
+`invert_permutation`: per-row inverse permutations, by scatter on JAX and by
+argsort elsewhere (whichever is faster on that backend).
+
+`has_fused_rnn_kernel`: whether the backend has a fused LSTM/GRU kernel on
+this machine (cuDNN), which decides how an LSTM's exact final states are
+obtained (`maskedrnn.layers.kernels`).
+
 (PyTorch's native kernels, the one backend-specific compute path, live in
 `maskedrnn/_torch_kernels.py`.)
 """
@@ -63,3 +70,45 @@ def prefers_generic_gru_loop(inner):
     import jax
 
     return jax.default_backend() == "cpu"
+
+
+def invert_permutation(perm):
+    """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
+    tensor of permutations.
+
+    On JAX a scatter (`keras.ops.scatter`); on TensorFlow and torch an
+    argsort. Measured on this project's CPU benchmark sizes (32 x 100, 200
+    calls, median; `tf.function` / `jax.jit` / eager torch): argsort 0.21 /
+    0.27 / 0.08 ms, scatter 0.26 / 0.12 / 17.8 ms on TensorFlow / JAX / torch
+    (Keras' torch `scatter` is slow). Both give the same result.
+    """
+    from keras import ops
+
+    if keras.backend.backend() != "jax":
+        return ops.cast(ops.argsort(perm, axis=1), "int32")
+    shape = ops.shape(perm)
+    batch, time = shape[0], shape[1]
+    # Flat destinations: row b's step t goes to slot b * time + perm[b, t].
+    dest = perm + ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
+    src = ops.broadcast_to(ops.expand_dims(ops.arange(time, dtype="int32"), 0), shape)
+    flat = ops.scatter(
+        ops.reshape(dest, (-1, 1)), ops.reshape(src, (-1,)), (batch * time,)
+    )
+    return ops.reshape(ops.cast(flat, "int32"), shape)
+
+
+def has_fused_rnn_kernel():
+    """True when Keras' LSTM/GRU on this backend may run cuDNN here.
+
+    TensorFlow and JAX: Keras' own test (`_is_gpu_available()` of its
+    backend's `rnn` module: a visible GPU). Without one, Keras' unmasked and
+    masked LSTM both run its generic step loop. torch: False here; its CPU
+    kernels are PyTorch's own (`maskedrnn._torch_kernels`) and a CUDA
+    device is checked per tensor there.
+    """
+    backend = keras.backend.backend()
+    if backend not in ("tensorflow", "jax"):
+        return False
+    from maskedrnn._keras_private import keras_backend_rnn
+
+    return bool(keras_backend_rnn(backend)._is_gpu_available())

@@ -10,6 +10,7 @@ otherwise. `lengths` is a rank-1 integer tensor with one entry per batch row.
 
 from keras import ops
 
+from maskedrnn import _backend
 from maskedrnn.masking import as_bool
 
 __all__ = [
@@ -261,9 +262,10 @@ def valid_first_order(mask):
     valid_rank = ops.cumsum(m, axis=1) - 1
     pad_rank = ops.cumsum(1 - m, axis=1) - 1
     inverse = ops.where(mask, valid_rank, ops.expand_dims(lengths, 1) + pad_rank)
+    inverse = ops.cast(inverse, "int32")
     # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
-    order = ops.cast(ops.argsort(inverse, axis=1), "int32")
-    return order, ops.cast(inverse, "int32"), ops.cast(lengths, "int32")
+    order = _backend.invert_permutation(inverse)
+    return order, inverse, ops.cast(lengths, "int32")
 
 
 def _combine_adjacent(a, b):
