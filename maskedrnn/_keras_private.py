@@ -30,6 +30,18 @@ from keras.src.losses.losses import LossFunctionWrapper  # noqa: F401
 from keras.src.models.functional import Functional  # noqa: F401
 
 
+def keras_backend_rnn(backend):
+    """`keras.src.backend.<backend>.rnn` for "tensorflow" or "jax".
+
+    Its `_is_gpu_available()` is the test Keras' own `lstm`/`gru` make before
+    trying cuDNN; `maskedrnn._backend.has_fused_rnn_kernel` asks the same one,
+    so that both agree (and a test that fakes a GPU fakes it for both).
+    """
+    import importlib
+
+    return importlib.import_module(f"keras.src.backend.{backend}.rnn")
+
+
 def keras_torch_rnn():
     """`keras.src.backend.torch.rnn` (imports torch, so only on request).
 

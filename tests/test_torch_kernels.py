@@ -105,15 +105,23 @@ def native_calls(monkeypatch):
     calls = []
     original = _torch_kernels.run
 
-    def spy(inner, x, initial_state):
+    def spy(inner, *args):
         calls.append(inner)
-        return original(inner, x, initial_state)
+        return original(inner, *args)
 
     monkeypatch.setattr(_torch_kernels, "run", spy)
     return calls
 
 
 # -------------------------------------------------------- the native path
+
+
+@pytest.fixture(params=["grad", "no_grad"])
+def grad_mode(request):
+    """Runs the test with gradients recorded (PyTorch's unpacked kernel) and
+    without (its packed kernel, `_torch_kernels.packed_preferred`)."""
+    with torch.set_grad_enabled(request.param == "grad"):
+        yield request.param
 
 
 @pytest.mark.parametrize("kind", sorted(NATIVE))
@@ -124,7 +132,10 @@ def test_native_kernel_matches_keras_masked(kind, native_calls):
     assert all(("PyTorch's native" in s) == native for s in info)
     x = inputs()
     assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
-    assert native_calls == ([ours.forward_layer, ours.backward_layer] if native else [])
+    with torch.no_grad():  # the packed kernel
+        assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
+    expected = [ours.forward_layer, ours.backward_layer] * 2
+    assert native_calls == (expected if native else [])
     # Gradients w.r.t. the inputs and every Keras weight (through PyTorch's
     # autograd of torch.lstm/gru/rnn_*, back to the Keras variables).
     loss_o, grads_o = loss_and_grads(ours, x, mask=MASK)
@@ -136,7 +147,7 @@ def test_native_kernel_matches_keras_masked(kind, native_calls):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_native_kernel_with_initial_state_and_lengths(kind, native_calls):
+def test_native_kernel_with_initial_state_and_lengths(kind, native_calls, grad_mode):
     ours, ref = pair(NATIVE[kind], return_sequences=False)
     n = 2 if kind == "lstm" else 1
     rng = np.random.default_rng(3)
@@ -148,7 +159,7 @@ def test_native_kernel_with_initial_state_and_lengths(kind, native_calls):
     assert len(native_calls) == (2 if native_here(ours) else 0)
 
 
-def test_float64_layers_use_the_native_kernel(native_calls):
+def test_float64_layers_use_the_native_kernel(native_calls, grad_mode):
     ours, ref = pair(NATIVE["lstm"], dtype="float64")
     assert ours.forward_layer.cell.kernel.dtype == "float64"
     x = inputs(2).astype("float64")
@@ -174,7 +185,7 @@ def test_input_dropout_uses_one_mask_for_all_steps(kind, native_calls):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_native_kernel_matches_pytorch_packed_sequence(kind):
+def test_native_kernel_matches_pytorch_packed_sequence(kind, grad_mode):
     """Independent oracle: `torch.nn.LSTM/GRU(bidirectional=True)` on a
     `PackedSequence`, weights moved with `maskedrnn.convert` (which its own
     tests check against PyTorch). Right-padded data, every output and the

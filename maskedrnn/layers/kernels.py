@@ -4,9 +4,12 @@
 inner RNN over valid-first data and a sentence saying what it is and why it
 was chosen (what `kernel_info()` reports). The runners, fastest first:
 
-- `run_torch_native`: PyTorch's own `torch.lstm`/`gru`/`rnn_tanh`/`rnn_relu`
-  (torch backend on CPU, where Keras would step through time in Python;
-  `maskedrnn._torch_kernels`, the one torch-specific module);
+- `run_torch_packed` / `run_torch_native`: PyTorch's own `torch.lstm`/`gru`/
+  `rnn_tanh`/`rnn_relu` (torch backend on CPU, where Keras would step through
+  time in Python; `maskedrnn._torch_kernels`, the one torch-specific module):
+  on the packed valid steps when no gradient is recorded (padded steps
+  skipped, final states exact), else over the zero-padded valid-first data
+  (its backward is faster, `_torch_kernels.packed_preferred`);
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
   backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; JAX's GRU scan).
   On a JAX CPU a GRU is sent to Keras' generic loop instead (faster there,
@@ -14,11 +17,14 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   kernel: an unmasked SimpleRNN runs Keras' generic step loop;
 - `run_keras_masked`: the Keras inner layer with a right-padded mask, for
   layers that have no fused kernel to keep (`keras.layers.RNN(cell)`, custom
-  cells, `recurrent_dropout > 0`) and for one Keras bug (float64 SimpleRNN
-  on JAX). Exact, and it returns the states itself.
+  cells, `recurrent_dropout > 0`), for an LSTM whose final states are wanted
+  where Keras has no fused LSTM kernel (TensorFlow and JAX without a GPU,
+  `states_reason`), and for one Keras bug (float64 SimpleRNN on JAX). Exact,
+  and it returns the states itself.
 
-Every runner takes `(inner, x, initial_state, training, valid)`, where `x` is
-valid-first and `valid` its right-padded `(batch, time)` mask, and returns
+Every runner takes `(inner, x, initial_state, training, steps)`, where `x` is
+valid-first and `steps` the batch's `direction.Steps` (`steps.valid` is its
+right-padded `(batch, time)` mask, `steps.lengths` the lengths), and returns
 `(outputs, states)`: `states` is None when the caller must compute them at
 each row's length (`final_state.states_at_length`).
 """
@@ -81,29 +87,66 @@ def _without_keras_mask(x):
     return x
 
 
-def run_torch_native(inner, x, initial_state, training, valid):
-    return torch_kernels().run(inner, x, initial_state), None
+def run_torch_native(inner, x, initial_state, training, steps):
+    # Unpacked, over the zero-padded valid-first data (states read after).
+    return torch_kernels().run(inner, x, initial_state, steps.lengths, False)
 
 
-def run_keras_unmasked(inner, x, initial_state, training, valid):
+def run_torch_packed(inner, x, initial_state, training, steps):
+    # Packed: only the valid steps run, and the final states come out exact.
+    return torch_kernels().run(inner, x, initial_state, steps.lengths, True)
+
+
+def run_keras_unmasked(inner, x, initial_state, training, steps):
     y, *_ = inner(
         _without_keras_mask(x), initial_state=initial_state, training=training
     )
     return y, None
 
 
-def run_keras_masked(inner, x, initial_state, training, valid):
-    y, *states = inner(x, mask=valid, initial_state=initial_state, training=training)
+def run_keras_masked(inner, x, initial_state, training, steps):
+    y, *states = inner(
+        x, mask=steps.valid, initial_state=initial_state, training=training
+    )
     return y, list(states)
 
 
-def choose(inner, where):
+def states_reason(inner):
+    """None, or why an LSTM whose final states are wanted runs Keras' masked
+    loop on the valid-first data instead of running unmasked.
+
+    On TensorFlow and JAX without a GPU Keras has no fused LSTM kernel: its
+    unmasked and masked LSTM both run its generic step loop, at nearly the
+    same cost (CPU benchmark, B=32 T=100 D=U=64: 1.65 / 1.79 ms forward on
+    JAX), and the masked loop carries the exact `[h, c]` of each row to its
+    last valid step. Running unmasked would then cost a recomputation of the
+    cell state (`final_state`) on top. Where cuDNN may run (a GPU) the LSTM
+    stays unmasked and `c` is recomputed.
+    """
+    if type(inner) is not keras.layers.LSTM:
+        return None
+    if keras.backend.backend() not in ("tensorflow", "jax"):
+        return None
+    if _backend.has_fused_rnn_kernel() and inner.use_cudnn is not False:
+        return None
+    return (
+        "its final [h, c] are wanted and Keras has no fused LSTM kernel here "
+        "(no GPU, or use_cudnn=False), so its masked loop costs what its "
+        "unmasked loop does and carries the exact states to each row's last "
+        "valid step (no cell-state recomputation)"
+    )
+
+
+def choose(inner, where, want_states=False):
     """The runner for `inner` with data on the device of `where`, and why.
 
     Args:
         inner: The built inner RNN (returns sequences and states, reads
             forward).
         where: A tensor or variable whose device decides on torch.
+        want_states: Whether the caller needs the final states (an LSTM on
+            TensorFlow or JAX without a GPU then runs Keras' masked loop on
+            the valid-first data, see `states_reason`). Defaults to `False`.
 
     Returns:
         A tuple `(runner, reason)`: one of the `run_*` functions of this
@@ -111,15 +154,26 @@ def choose(inner, where):
     """
     name = type(inner).__name__
     masked = masked_reason(inner)
+    if masked is None and want_states:
+        masked = states_reason(inner)
     if masked is not None:
         return run_keras_masked, (
             f"Keras {name} with a right-padded mask, in Keras' step loop: {masked}"
         )
     reason = native_reason(inner, where)
     if reason is None:
-        return run_torch_native, (
-            f"PyTorch's native {name} kernel, unmasked (torch backend on CPU, "
-            "where Keras would step through time in Python)"
+        text = (
+            f"PyTorch's native {name} kernel (torch backend on CPU, where "
+            "Keras would step through time in Python), "
+        )
+        if torch_kernels().packed_preferred():
+            return run_torch_packed, text + (
+                "on the packed valid steps (no gradient recorded): padded "
+                "steps are skipped and the final states are exact"
+            )
+        return run_torch_native, text + (
+            "unmasked over the zero-padded valid-first data (gradients "
+            "recorded: its backward is faster than the packed kernel's)"
         )
     if getattr(inner, "_maskedrnn_generic_gru_loop", False):
         text = (

@@ -41,7 +41,12 @@ class MaskedBidirectional(direction.MaskedWrapper):
     read at each row's last valid step; the LSTM cell state, which the
     unmasked kernel does not expose at that step, is recomputed exactly from
     the outputs (one batched matmul plus a linear-recurrence reduction, see
-    `maskedrnn.ops.linear_recurrence_last`). Any other RNN layer
+    `maskedrnn.ops.linear_recurrence_last`). Where that is not the cheapest
+    exact way, the states come from the kernel itself: with
+    `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU (no
+    fused LSTM kernel there) runs Keras' masked loop on the valid-first
+    data, and on the torch backend on CPU PyTorch's kernel runs on the
+    packed valid steps when no gradient is recorded. Any other RNN layer
     (`keras.layers.RNN(cell)`, custom cells, `recurrent_dropout > 0`) has no
     fused kernel to lose: it gets the same reordering and reversal, plus a
     right-padded mask, so its results are exact too. `uses_fast_path` tells
@@ -239,7 +244,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             ("backward", self.backward_layer),
         ):
             where = inner.cell.kernel if inputs is None else inputs
-            _, info[key] = kernels.choose(inner, where)
+            _, info[key] = kernels.choose(inner, where, self.return_state)
         return info
 
     # ------------------------------------------------------------------- call

@@ -21,9 +21,10 @@ class MaskedRNN(direction.MaskedWrapper):
     Behaves like the wrapped `keras.layers.LSTM`, `GRU`, `SimpleRNN` or
     `RNN(cell)` called with the same mask: masked steps are skipped (the
     state is carried over them), with Keras' own conventions for every option
-    of the wrapped layer. Unlike it, the wrapped RNN never receives a mask, so
-    its backend can keep a fused kernel (cuDNN on GPU; on the torch backend
-    on CPU, PyTorch's native kernels): each row's valid steps are moved to
+    of the wrapped layer. Unlike it, the wrapped RNN receives no mask
+    wherever a fused kernel could run, so its backend can keep it (cuDNN on
+    GPU; on the torch backend on CPU, PyTorch's native kernels): each row's
+    valid steps are moved to
     the front (one gather; none when `lengths` is given), padding is zeroed,
     the RNN runs unmasked, and the outputs are placed back where Keras puts
     them. This is the one-direction sibling of `MaskedBidirectional`; both
@@ -35,7 +36,12 @@ class MaskedRNN(direction.MaskedWrapper):
     has a fused `SimpleRNN` kernel: it runs Keras' step loop without a mask
     (PyTorch's `rnn_tanh`/`rnn_relu` on torch CPU). Final states are read at
     each row's last valid step; an LSTM's cell state is recomputed exactly
-    from the outputs. `keras.layers.RNN(cell)`, custom cells and
+    from the outputs, except where the kernel gives it exactly for less:
+    with `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU
+    (Keras has no fused LSTM kernel there) runs Keras' masked loop on the
+    valid-first data, and on torch on CPU PyTorch's kernel runs on the
+    packed valid steps when no gradient is recorded (inference).
+    `keras.layers.RNN(cell)`, custom cells and
     `recurrent_dropout > 0` have no fused kernel to keep: they get the same
     reordering plus a right-padded mask (Keras' masked loop), exact as well.
     `kernel_info()` says which code runs and why.
@@ -166,7 +172,7 @@ class MaskedRNN(direction.MaskedWrapper):
                 "call layer.build(input_shape)."
             )
         where = self.layer.cell.kernel if inputs is None else inputs
-        return {"layer": kernels.choose(self.layer, where)[1]}
+        return {"layer": kernels.choose(self.layer, where, self.return_state)[1]}
 
     # ------------------------------------------------------------------- call
 

@@ -1,0 +1,173 @@
+"""`maskedrnn.layers.kernels`: which code computes a direction, and why.
+
+What is specified here is the choice; each runner's numbers are checked
+against Keras' masked layer in tests/test_masked_rnn.py,
+tests/test_masked_bidirectional.py, tests/test_torch_kernels.py and
+tests/test_final_state.py (the unmasked path with recomputed states).
+
+- An LSTM whose final states are wanted, on TensorFlow or JAX without a GPU
+  (Keras has no fused LSTM kernel there), runs Keras' masked loop on the
+  valid-first data: it receives exactly the right-padded mask of the lengths,
+  nothing else; where Keras could run cuDNN (a GPU, faked here), it runs
+  unmasked.
+- Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask.
+- On torch on CPU, PyTorch's kernel runs on the packed valid steps only.
+"""
+
+import importlib
+
+import keras
+import numpy as np
+import pytest
+
+from maskedrnn import MaskedBidirectional, MaskedRNN
+from maskedrnn.layers import kernels
+from tests.helpers import BACKEND, assert_close, lengths_to_mask, oracle_pair, to_np
+
+B, T, D, U = 5, 6, 3, 4
+LENGTHS = np.array([6, 2, 0, 4, 1], "int32")
+
+tf_or_jax = pytest.mark.skipif(
+    BACKEND not in ("tensorflow", "jax"), reason="Keras' LSTM on TF or JAX"
+)
+
+
+def keras_has_gpu():
+    return bool(
+        importlib.import_module(f"keras.src.backend.{BACKEND}.rnn")._is_gpu_available()
+    )
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Keras' backend believes it has a GPU (only the choice is asked)."""
+    module = importlib.import_module(f"keras.src.backend.{BACKEND}.rnn")
+    monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
+
+
+def spy_masks(inner_layers):
+    """Records the `mask` argument of each call of the inner Keras layers."""
+    seen = []
+    for inner in inner_layers:
+        original = inner.call
+
+        def spy(*args, _original=original, **kwargs):
+            seen.append(kwargs.get("mask"))
+            return _original(*args, **kwargs)
+
+        inner.call = spy
+    return seen
+
+
+def left_padded_mask():
+    return np.arange(T)[None, :] >= (T - LENGTHS)[:, None]
+
+
+@tf_or_jax
+@pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
+def test_lstm_states_without_gpu_use_keras_masked_loop_on_valid_first_data(wrapper):
+    if keras_has_gpu():
+        pytest.skip("a GPU is visible: the LSTM runs unmasked there")
+    ours, ref = oracle_pair(
+        "lstm", U, D, wrapper=wrapper, return_sequences=True, return_state=True
+    )
+    inner = [ours.layer] if wrapper == "rnn" else [
+        ours.forward_layer, ours.backward_layer
+    ]
+    seen = spy_masks(inner)
+    x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")
+    mask = left_padded_mask()
+    assert_close(ours(x, mask=mask), ref(x, mask=mask))
+    assert len(seen) == len(inner)
+    for m in seen:  # valid-first: the right-padded mask of the lengths
+        np.testing.assert_array_equal(to_np(m), lengths_to_mask(LENGTHS, T))
+    for sentence in ours.kernel_info().values():
+        assert "final [h, c] are wanted" in sentence
+        assert "right-padded mask" in sentence
+
+
+@tf_or_jax
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_without_states_or_for_gru_no_mask_reaches_the_inner_layer(kind):
+    for return_state in (False, True):
+        if kind == "lstm" and return_state:
+            continue  # the case above
+        ours = MaskedRNN(
+            keras.layers.LSTM(U, return_sequences=True, return_state=return_state)
+            if kind == "lstm"
+            else keras.layers.GRU(U, return_sequences=True, return_state=return_state)
+        )
+        ours.build((None, None, D))
+        seen = spy_masks([ours.layer])
+        x = np.random.default_rng(1).standard_normal((B, T, D)).astype("float32")
+        ours(x, mask=left_padded_mask())
+        assert seen == [None]
+
+
+@tf_or_jax
+def test_with_a_gpu_the_lstm_runs_unmasked_even_for_states(fake_gpu):
+    for layer in (
+        MaskedRNN(keras.layers.LSTM(U, return_state=True)),
+        MaskedBidirectional(keras.layers.LSTM(U, return_state=True)),
+    ):
+        layer.build((None, None, D))
+        for sentence in layer.kernel_info().values():
+            assert "unmasked" in sentence and "right-padded" not in sentence
+        inner = layer.layer if isinstance(layer, MaskedRNN) else layer.forward_layer
+        runner, _ = kernels.choose(inner, inner.cell.kernel, want_states=True)
+        assert runner is kernels.run_keras_unmasked
+
+
+@tf_or_jax
+def test_use_cudnn_false_counts_as_no_fused_kernel(fake_gpu):
+    layer = MaskedRNN(keras.layers.LSTM(U, return_state=True, use_cudnn=False))
+    layer.build((None, None, D))
+    runner, reason = kernels.choose(layer.layer, layer.layer.cell.kernel, True)
+    assert runner is kernels.run_keras_masked
+    assert "use_cudnn=False" in reason
+
+
+# ------------------------------------------------------------ torch, packed
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
+@pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
+def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
+    """With no gradient recorded, PyTorch's packed kernel is handed exactly
+    sum(lengths) steps (t-major, `batch_sizes[t]` = rows longer than t), and
+    NaN in the padding changes nothing. While gradients are recorded the
+    unpacked kernel runs (its backward is faster) over zeroed padding."""
+    import torch
+
+    seen = []
+    for name in ("lstm", "gru", "rnn_tanh"):
+        original = getattr(torch, name)
+
+        def spy(data, second, *args, _original=original):
+            packed = isinstance(second, torch.Tensor) and second.dtype == torch.int64
+            seen.append((tuple(data.shape), second.tolist() if packed else None))
+            return _original(data, second, *args)
+
+        monkeypatch.setattr(torch, name, spy)
+    ours, ref = oracle_pair(
+        kind, U, D, wrapper="rnn", return_sequences=True, return_state=True
+    )
+    x = np.random.default_rng(2).standard_normal((B, T, D)).astype("float32")
+    mask = left_padded_mask()
+    x_nan = torch.tensor(np.where(mask[..., None], x, np.nan).astype("float32"))
+    with torch.no_grad():
+        out = ours(x_nan, mask=mask)
+        assert "packed valid steps" in ours.kernel_info()["layer"]
+    assert_close(out, ref(x, mask=mask))
+    expected_sizes = [int((LENGTHS > t).sum()) for t in range(LENGTHS.max())]
+    assert seen == [((int(LENGTHS.sum()), D), expected_sizes)]
+
+    seen.clear()
+    assert "zero-padded valid-first" in ours.kernel_info()["layer"]
+    xt = x_nan.clone().requires_grad_(True)
+    out = ours(xt, mask=mask)
+    assert_close(out, ref(x, mask=mask))
+    assert seen == [((B, T, D), None)]
+    sum(o.sum() for o in out).backward()
+    grad = xt.grad.numpy()
+    assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0)
