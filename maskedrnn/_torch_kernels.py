@@ -99,20 +99,28 @@ def _device_type(where):
     return _tensor(where).device.type  # numpy or lists: where Keras puts them
 
 
-def packed_preferred():
-    """Whether `run` should use the packed kernel now: when no gradient is
-    being recorded (inference).
+def packed_preferred(inner, want_states):
+    """Whether `run` should use the packed kernel for `inner` now: when no
+    gradient is being recorded (inference), for a GRU or SimpleRNN, and for
+    an LSTM whose final states are wanted.
 
     PyTorch's packed CPU kernels skip the padded steps and return exact final
-    states, but their backward pass is slower than the unpacked kernels' (the
-    CPU benchmark, B=32 T=100 D=U=64, 38% padding, one thread: `nn.LSTM`
-    fwd+bwd 28.9 ms packed vs 6.4 ms unpacked, `nn.GRU` 24.1 vs 16.8 ms;
-    forward 4.9 / 1.8 ms and 3.7 / 3.9 ms; docs/results/cpu-torch-rnn-*.json).
-    So training runs the unpacked kernel over the zero-padded valid-first
-    data (the caller then reads the states at each row's length, recomputing
-    an LSTM's cell state), and inference the packed one.
+    states, but their backward pass is slower than the unpacked kernels',
+    and an unpacked LSTM runs PyTorch's fused oneDNN kernel, which the packed
+    one does not (the CPU benchmark, B=32 T=100 D=U=64, 38% padding, one
+    thread, `torch_packed` / `torch_unpacked` in
+    docs/results/cpu-torch-rnn-*.json: `nn.LSTM` fwd+bwd 28.9 / 6.4 ms, fwd
+    4.9 / 1.8 ms; `nn.GRU` fwd+bwd 24.1 / 16.8 ms, fwd 3.7 / 3.9 ms). So
+    training runs the unpacked kernel over the zero-padded valid-first data
+    (the caller then reads the states at each row's length, recomputing an
+    LSTM's cell state), and so does an LSTM's inference without states;
+    other inference runs packed (for an LSTM with states that is cheaper
+    than the recomputation: 6.8 against 8.6 ms in the benchmark's forward
+    pass).
     """
-    return not torch.is_grad_enabled()
+    if torch.is_grad_enabled():
+        return False
+    return type(inner) is not LSTM or want_states
 
 
 def run(inner, x, initial_state, lengths, packed):
@@ -137,7 +145,7 @@ def run(inner, x, initial_state, lengths, packed):
         initial_state: List of `(batch, units)` tensors: `[h, c]` for an
             LSTM, `[h]` otherwise.
         lengths: Integer tensor `(batch,)` in `[0, time]`.
-        packed: Python bool, see above (`packed_preferred()`).
+        packed: Python bool, see above (`packed_preferred`).
 
     Returns:
         `(outputs, states)`: the output sequence `(batch, time, units)` (`h_t`

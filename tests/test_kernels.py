@@ -171,3 +171,23 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     sum(o.sum() for o in out).backward()
     grad = xt.grad.numpy()
     assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
+def test_torch_lstm_inference_without_states_keeps_the_unpacked_kernel():
+    """An unpacked LSTM runs PyTorch's fused oneDNN kernel, faster than the
+    packed one; with no states to take from the packed kernel it stays
+    unpacked in inference too (GRU and SimpleRNN go packed)."""
+    import torch
+
+    for make, packed in (
+        (lambda **kw: keras.layers.LSTM(U, **kw), False),
+        (lambda **kw: keras.layers.GRU(U, **kw), True),
+        (lambda **kw: keras.layers.SimpleRNN(U, **kw), True),
+    ):
+        layer = MaskedRNN(make(return_sequences=True))
+        layer.build((None, None, D))
+        with torch.no_grad():
+            sentence = layer.kernel_info()["layer"]
+        assert ("packed valid steps" in sentence) == packed, sentence
+        assert ("zero-padded valid-first" in sentence) == (not packed), sentence

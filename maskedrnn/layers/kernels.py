@@ -7,9 +7,9 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
 - `run_torch_packed` / `run_torch_native`: PyTorch's own `torch.lstm`/`gru`/
   `rnn_tanh`/`rnn_relu` (torch backend on CPU, where Keras would step through
   time in Python; `maskedrnn._torch_kernels`, the one torch-specific module):
-  on the packed valid steps when no gradient is recorded (padded steps
-  skipped, final states exact), else over the zero-padded valid-first data
-  (its backward is faster, `_torch_kernels.packed_preferred`);
+  on the packed valid steps in inference (padded steps skipped, final states
+  exact), else over the zero-padded valid-first data (faster for training
+  and for an LSTM without states, `_torch_kernels.packed_preferred`);
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
   backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; JAX's GRU scan).
   On a JAX CPU a GRU is sent to Keras' generic loop instead (faster there,
@@ -166,14 +166,15 @@ def choose(inner, where, want_states=False):
             f"PyTorch's native {name} kernel (torch backend on CPU, where "
             "Keras would step through time in Python), "
         )
-        if torch_kernels().packed_preferred():
+        if torch_kernels().packed_preferred(inner, want_states):
             return run_torch_packed, text + (
                 "on the packed valid steps (no gradient recorded): padded "
                 "steps are skipped and the final states are exact"
             )
         return run_torch_native, text + (
-            "unmasked over the zero-padded valid-first data (gradients "
-            "recorded: its backward is faster than the packed kernel's)"
+            "unmasked over the zero-padded valid-first data (faster here "
+            "than the packed kernel: gradients are recorded, or an LSTM "
+            "without states runs PyTorch's fused oneDNN kernel)"
         )
     if getattr(inner, "_maskedrnn_generic_gru_loop", False):
         text = (
