@@ -119,6 +119,40 @@ def test_drop_remainder_keeps_only_full_batches():
     assert len(sampler.batches(drop_remainder=False)) > len(batches)
 
 
+def test_carry_remainder_fills_every_batch_but_the_last():
+    lengths = np.random.default_rng(4).integers(1, 50, 203)
+    bounds = [10, 25, 49]
+    for drop in (False, True):
+        sampler = BucketBatchSampler(
+            lengths,
+            16,
+            boundaries=bounds,
+            seed=5,
+            carry_remainder=True,
+            drop_remainder=drop,
+        )
+        for epoch in range(3):
+            batches = sampler.batches(epoch=epoch)
+            assert len(batches) == len(sampler) == (12 if drop else 13)
+            assert sorted(len(b) for b in batches) == ([] if drop else [11]) + [16] * 12
+            flat = np.concatenate(batches)
+            assert len(set(flat.tolist())) == len(flat)
+            if not drop:
+                np.testing.assert_array_equal(np.sort(flat), np.arange(203))
+            for b in batches:
+                t = sampler.boundary_of(b)
+                assert lengths[b].max() <= t
+                # Rows come from this bucket or, carried, from the one below.
+                lower = {10: -1, 25: -1, 49: 10}[t]
+                assert (lengths[b] > lower).all()
+    # Without shuffling, bucket by bucket, the carried rows first.
+    plain = BucketBatchSampler(
+        [3, 9, 4, 8, 2], 2, boundaries=[4, 9], shuffle=False, carry_remainder=True
+    )
+    assert plain.batches() == [[0, 2], [3], [4, 1]]
+    assert [plain.boundary_of(b) for b in plain.batches()] == [4, 9, 9]
+
+
 def test_quantile_boundaries_split_the_lengths_evenly():
     lengths = np.random.default_rng(4).integers(20, 101, 1000)
     bounds = quantile_boundaries(lengths, 4)
