@@ -182,12 +182,16 @@ def _tf_buckets(data, boundaries, batch_size, seed):
         (data["x_pad"], data["y_pad"], np.asarray(data["lengths"], "int32"))
     )
     examples = examples.shuffle(n, seed=seed, reshuffle_each_iteration=True)
-    examples = examples.map(lambda x, y, k: (x[:k], y[:k]))
+    per_step = np.ndim(data["y_pad"]) > 1  # else one label per sequence
+    examples = examples.map(lambda x, y, k: (x[:k], y[:k] if per_step else y))
     return examples.bucket_by_sequence_length(
         element_length_func=lambda x, y: tf.shape(x)[0],
         bucket_boundaries=[b + 1 for b in boundaries],  # lengths < b + 1
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padding_values=(0, -1),
+        padding_values=(
+            tf.constant(0, data["x_pad"].dtype),
+            tf.constant(-1, data["y_pad"].dtype),
+        ),
         pad_to_bucket_boundary=True,
     ).prefetch(tf.data.AUTOTUNE)
 
