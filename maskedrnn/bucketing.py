@@ -501,6 +501,58 @@ class BucketedDataset(keras.utils.PyDataset):
             self.sampler.epoch += 1
             self._batches = self.sampler.batches()
 
+    def to_tf_dataset(self):
+        """This dataset as a `tf.data.Dataset` (needs TensorFlow installed;
+        `fit` takes it on every backend).
+
+        Each iteration yields one epoch's batches in order and then advances
+        the epoch (as `on_epoch_end`). The difference from passing the
+        `BucketedDataset` itself is the tensor spec: Keras gives a
+        `PyDataset` a free batch axis, while here the batch axis is
+        `batch_size` whenever every batch of an epoch is full (e.g. with
+        `carry_remainder=True` and `drop_remainder=True`, or a number of
+        sequences that `batch_size` divides). On TensorFlow a train step
+        traced for a known batch size runs faster (docs/scaling.md, "Where
+        TensorFlow's time goes"). Time axes are free (`None`) when there is
+        more than one boundary.
+
+        Returns:
+            A `tf.data.Dataset` of the same `(inputs, labels)` or
+            `(inputs,)` structures as `ds[i]`.
+        """
+        import tensorflow as tf
+
+        batch_size = self.sampler.batch_size
+        full = all(len(b) == batch_size for b in self._batches)
+        free_time = len(self.boundaries) > 1
+        first = self[0]
+
+        def spec(a, time_axis):
+            a = np.asarray(a)
+            shape = [batch_size if full else None] + list(a.shape[1:])
+            if time_axis and free_time:
+                shape[1] = None
+            return tf.TensorSpec(shape, tf.as_dtype(a.dtype))
+
+        inputs = first[0]
+        if self.return_lengths:
+            in_spec = (spec(inputs[0], True), spec(inputs[1], False))
+        else:
+            in_spec = spec(inputs, True)
+        signature = (in_spec,)
+        if self.y is not None:
+            signature += (spec(first[1], self.per_step_labels),)
+
+        def generate():
+            for i in range(len(self._batches)):
+                yield self[i]
+            self.on_epoch_end()
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        # A known number of batches: `fit` knows where an epoch ends.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
     def predict(self, model, per_step=None, pad_to_max=False):
         """Runs `model` on every sequence, bucket by bucket, and returns the
         predictions in the order of `x`.
