@@ -23,12 +23,15 @@ Variants (`--variants`):
   each batch padded to its bucket's boundary);
 * `carry`: the same with `carry_remainder=True` (each bucket's incomplete
   last batch moves on to the next bucket: every batch full but the last);
+* `carry_tf` (TensorFlow only): the `carry` dataset fed as
+  `BucketedDataset.to_tf_dataset()`, whose spec keeps the batch size when
+  every batch is full (a `PyDataset`'s spec has a free batch axis);
 * `tfdata` (TensorFlow only): `tf.data.Dataset.bucket_by_sequence_length`
   with the same boundaries (`pad_to_bucket_boundary=True`), the recipe of
   docs/scaling.md, fed from in-memory padded arrays and reshuffled each epoch.
 
 Per-step times are also grouped by batch shape `(rows, padded length)` for
-the PyDataset variants (from the sampler's known batch order).
+the PyDataset variants (from the batches the dataset built, in order).
 `--per-epoch-fit` keeps the older measurement instead: one `fit(epochs=1)`
 call per epoch, bucketed and padded alternating, so each timed epoch
 includes the per-call fixed costs of `fit`. Final test accuracy of every
@@ -196,21 +199,33 @@ def _tf_buckets(data, boundaries, batch_size, seed):
     ).prefetch(tf.data.AUTOTUNE)
 
 
-def _steps_by_shape(timer, ds, first_epoch):
+def _record_shapes(ds):
+    """Makes `ds` record the `(rows, padded length)` of every batch it
+    builds, in order, in `ds.fetched`."""
+    ds.fetched = []
+    make_batch = ds.make_batch
+
+    def recording(indices):
+        ds.fetched.append(f"{len(indices)}x{ds.sampler.boundary_of(indices)}")
+        return make_batch(indices)
+
+    ds.make_batch = recording
+
+
+def _steps_by_shape(timer, ds):
     """Median step milliseconds per batch shape `(rows, padded length)` over
-    the epochs after the first, from the sampler's batch order (`fit` with
-    `shuffle=False` takes a PyDataset's batches in order)."""
+    the epochs after the first. The batches built last are the ones trained
+    on, in order (before them, `fit` may build a few to infer its spec)."""
+    steps = [t for epoch in timer.steps for t in epoch]
+    if len(ds.fetched) < len(steps):
+        return None
+    shapes = ds.fetched[len(ds.fetched) - len(steps) :]
     by_shape = {}
-    for e, steps in enumerate(timer.steps[1:], start=1):
-        batches = ds.sampler.batches(epoch=first_epoch + e)
-        if len(batches) != len(steps):
-            return None
-        for b, t in zip(batches, steps):
-            key = f"{len(b)}x{ds.sampler.boundary_of(b)}"
-            by_shape.setdefault(key, []).append(t)
+    for shape, t in list(zip(shapes, steps))[len(timer.steps[0]) :]:
+        by_shape.setdefault(shape, []).append(t)
     return {
         k: {"count": len(v), "median_ms": 1000 * float(np.median(v))}
-        for k, v in sorted(by_shape.items(), key=lambda kv: kv[0])
+        for k, v in sorted(by_shape.items())
     }
 
 
@@ -235,7 +250,7 @@ def measure_one_fit(
     _configure_backend(backend)
     variants = [v for v in variants if v != "padded"]
     if backend != "tensorflow":
-        variants = [v for v in variants if v != "tfdata"]
+        variants = [v for v in variants if v not in ("tfdata", "carry_tf")]
     runs = []
     for seed in seeds:
         data = _synthetic(seed, n_train, n_test) if task == "synthetic" else _vowels()
@@ -260,19 +275,20 @@ def measure_one_fit(
                 )
                 entry["batches_per_epoch"] = -(-len(data["x_pad"]) // batch_size)
                 entry["padded_steps_fraction"] = 1.0
-            elif name in ("bucketed", "carry"):
+            elif name in ("bucketed", "carry", "carry_tf"):
                 ds = BucketedDataset(
                     data["x"],
                     data["y"],
                     batch_size=batch_size,
                     num_buckets=num_buckets,
                     seed=seed,
-                    carry_remainder=name == "carry",
+                    carry_remainder=name != "bucketed",
                 )
                 batches = ds.sampler.batches(epoch=0)
                 steps = sum(len(b) * ds.sampler.boundary_of(b) for b in batches)
                 slots = sum(ds.sampler.boundary_of(b) for b in batches)
                 run["boundaries"] = ds.boundaries
+                _record_shapes(ds)
                 entry["batches_per_epoch"] = len(batches)
                 entry["padded_steps_fraction"] = steps / (
                     len(data["x"]) * data["maxlen"]
@@ -281,9 +297,13 @@ def measure_one_fit(
                     -(-len(data["x"]) // batch_size) * data["maxlen"]
                 )
                 model.fit(
-                    ds, epochs=epochs, shuffle=False, verbose=0, callbacks=[timer]
+                    ds.to_tf_dataset() if name == "carry_tf" else ds,
+                    epochs=epochs,
+                    shuffle=False,
+                    verbose=0,
+                    callbacks=[timer],
                 )
-                entry["step_ms_by_shape"] = _steps_by_shape(timer, ds, 0)
+                entry["step_ms_by_shape"] = _steps_by_shape(timer, ds)
             else:  # tfdata
                 boundaries = BucketedDataset(
                     data["x"], data["y"], num_buckets=num_buckets, seed=seed
@@ -341,10 +361,11 @@ def measure_one_fit(
 
 def step_profile(units, shapes, repeats):
     """`--step-profile` (TensorFlow): milliseconds of one train step of the
-    synthetic model for each batch shape `(rows, T)`, traced three ways: a
-    `tf.function` traced for that static shape, one traced once for
-    `TensorSpec([None, None])` (the spec `fit` gets from a bucketed dataset),
-    and the latter with `jit_compile=True` (XLA compiles per concrete shape).
+    synthetic model for each batch shape `(rows, T)`, traced five ways: a
+    `tf.function` traced for that static shape, for `(None, T)` (free batch
+    axis), for `(rows, None)` (free time axis), once for `(None, None)` (the
+    spec `fit` gets from a `PyDataset` of buckets), and the latter with
+    `jit_compile=True` (XLA compiles per concrete shape).
     The same for Keras' own `Bidirectional(LSTM)` without a mask, to tell
     the layer's share from Keras' LSTM's. Median of `repeats` calls after two
     warm-up calls."""
@@ -385,6 +406,8 @@ def step_profile(units, shapes, repeats):
             entry = {"layer": layer, "rows": rows, "T": t}
             for name, fn in (
                 ("static", tf.function(step)),
+                ("free_batch", _traced(step, [None, t])),
+                ("free_time", _traced(step, [rows, None])),
                 ("relaxed", relaxed),
                 ("xla", xla),
             ):
@@ -401,17 +424,28 @@ def step_profile(units, shapes, repeats):
     return {"backend": "tensorflow", "mode": "step-profile", "steps": results}
 
 
+def _ms(entry, key):
+    return f"{entry[key]:.1f}" if key in entry else "-"
+
+
+def _traced(step, shape):
+    import tensorflow as tf
+
+    return tf.function(step, input_signature=[tf.TensorSpec(shape, tf.int32)] * 2)
+
+
 def profile_table(results):
     """The Markdown table of the results of a `--step-profile` file."""
     lines = [
-        "| layer | batch shape | static ms | relaxed ms (relaxed/static) | "
-        "XLA ms | load avg 1 min |",
-        "|---|---|---|---|---|---|",
+        "| layer | batch shape | static ms | free batch axis ms | free time "
+        "axis ms | both free ms (/static) | both free, XLA ms | load avg 1 min |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for e in r["steps"]:
             lines.append(
                 f"| {e['layer']} | {e['rows']}x{e['T']} | {e['static_ms']:.1f} | "
+                f"{_ms(e, 'free_batch_ms')} | {_ms(e, 'free_time_ms')} | "
                 f"{e['relaxed_ms']:.1f} ({e['relaxed_ms'] / e['static_ms']:.2f}) | "
                 f"{e['xla_ms']:.1f} | {e['load_avg_1min']:.2f} |"
             )
