@@ -111,7 +111,16 @@ class BucketBatchSampler:
         seed: Int or `None` (default: a random seed drawn once), the seed of
             the shuffling.
         drop_remainder: Bool, drop each bucket's last batch when it has fewer
-            than `batch_size` rows. Defaults to `False`.
+            than `batch_size` rows (with `carry_remainder`: the last bucket's
+            only). Defaults to `False`.
+        carry_remainder: Bool. If `True`, the rows that would make a
+            bucket's last, incomplete batch move on to the next bucket (and
+            are padded to its boundary), so that every batch is full except
+            at most the last bucket's: `ceil(len(lengths) / batch_size)`
+            batches per epoch instead of up to one more per bucket. A small
+            batch costs almost as much per step as a full one on a CPU, so
+            this saves time at the price of a little more padding. Defaults
+            to `False`.
     """
 
     def __init__(
@@ -123,6 +132,7 @@ class BucketBatchSampler:
         shuffle=True,
         seed=None,
         drop_remainder=False,
+        carry_remainder=False,
     ):
         lengths = np.asarray(lengths)
         if lengths.ndim != 1 or lengths.size == 0:
@@ -161,11 +171,15 @@ class BucketBatchSampler:
             seed = int(np.random.default_rng().integers(2**31))
         self.seed = _check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
+        self.carry_remainder = bool(carry_remainder)
         self.epoch = 0
         bucket = np.searchsorted(np.asarray(boundaries), self.lengths, side="left")
         self.bucket_ids = bucket
         self._members = [np.flatnonzero(bucket == b) for b in range(len(boundaries))]
-        self._num_batches = sum(self._bucket_batches(len(m)) for m in self._members)
+        if self.carry_remainder:
+            self._num_batches = self._bucket_batches(len(self.lengths))
+        else:
+            self._num_batches = sum(self._bucket_batches(len(m)) for m in self._members)
         if self._num_batches == 0:
             raise ValueError(
                 "drop_remainder=True leaves no batch: every bucket has fewer than "
@@ -217,9 +231,16 @@ class BucketBatchSampler:
         drop = self.drop_remainder if drop_remainder is None else drop_remainder
         rng = np.random.default_rng([self.seed, epoch])
         out = []
-        for members in self._members:
+        carried = np.zeros(0, dtype=np.int64)
+        last = len(self._members) - 1
+        for k, members in enumerate(self._members):
             if shuffle:
                 members = rng.permutation(members)
+            if self.carry_remainder:
+                members = np.concatenate([carried, members]).astype(np.int64)
+                if k < last:
+                    cut = len(members) - len(members) % self.batch_size
+                    members, carried = members[:cut], members[cut:]
             for start in range(0, len(members), self.batch_size):
                 chunk = members[start : start + self.batch_size]
                 if drop and len(chunk) < self.batch_size:
@@ -337,6 +358,9 @@ class BucketedDataset(keras.utils.PyDataset):
         seed: Int or `None` (default: random), the shuffling seed.
         drop_remainder: Bool, drop each bucket's last incomplete batch.
             Defaults to `False`.
+        carry_remainder: Bool, move each bucket's last incomplete batch on
+            to the next bucket, so that all batches but the last are full
+            (see `BucketBatchSampler`). Defaults to `False`.
         dtype: NumPy dtype of the padded inputs, or `None` (default) for the
             dtype of `x[0]`.
         **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
@@ -364,6 +388,7 @@ class BucketedDataset(keras.utils.PyDataset):
         shuffle=True,
         seed=None,
         drop_remainder=False,
+        carry_remainder=False,
         dtype=None,
         **kwargs,
     ):
@@ -386,6 +411,7 @@ class BucketedDataset(keras.utils.PyDataset):
             shuffle=shuffle,
             seed=seed,
             drop_remainder=drop_remainder,
+            carry_remainder=carry_remainder,
         )
         self._batches = self.sampler.batches()
 
@@ -474,6 +500,58 @@ class BucketedDataset(keras.utils.PyDataset):
         if self.sampler.shuffle:
             self.sampler.epoch += 1
             self._batches = self.sampler.batches()
+
+    def to_tf_dataset(self):
+        """This dataset as a `tf.data.Dataset` (needs TensorFlow installed;
+        `fit` takes it on every backend).
+
+        Each iteration yields one epoch's batches in order and then advances
+        the epoch (as `on_epoch_end`). The difference from passing the
+        `BucketedDataset` itself is the tensor spec: Keras gives a
+        `PyDataset` a free batch axis, while here the batch axis is
+        `batch_size` whenever every batch of an epoch is full (e.g. with
+        `carry_remainder=True` and `drop_remainder=True`, or a number of
+        sequences that `batch_size` divides). On TensorFlow a train step
+        traced for a known batch size runs faster (docs/scaling.md, "Where
+        TensorFlow's time goes"). Time axes are free (`None`) when there is
+        more than one boundary.
+
+        Returns:
+            A `tf.data.Dataset` of the same `(inputs, labels)` or
+            `(inputs,)` structures as `ds[i]`.
+        """
+        import tensorflow as tf
+
+        batch_size = self.sampler.batch_size
+        full = all(len(b) == batch_size for b in self._batches)
+        free_time = len(self.boundaries) > 1
+        first = self[0]
+
+        def spec(a, time_axis):
+            a = np.asarray(a)
+            shape = [batch_size if full else None] + list(a.shape[1:])
+            if time_axis and free_time:
+                shape[1] = None
+            return tf.TensorSpec(shape, tf.as_dtype(a.dtype))
+
+        inputs = first[0]
+        if self.return_lengths:
+            in_spec = (spec(inputs[0], True), spec(inputs[1], False))
+        else:
+            in_spec = spec(inputs, True)
+        signature = (in_spec,)
+        if self.y is not None:
+            signature += (spec(first[1], self.per_step_labels),)
+
+        def generate():
+            for i in range(len(self._batches)):
+                yield self[i]
+            self.on_epoch_end()
+
+        dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+        # A known number of batches: `fit` knows where an epoch ends.
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
+        return dataset.prefetch(tf.data.AUTOTUNE)
 
     def predict(self, model, per_step=None, pad_to_max=False):
         """Runs `model` on every sequence, bucket by bucket, and returns the

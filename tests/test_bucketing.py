@@ -119,6 +119,40 @@ def test_drop_remainder_keeps_only_full_batches():
     assert len(sampler.batches(drop_remainder=False)) > len(batches)
 
 
+def test_carry_remainder_fills_every_batch_but_the_last():
+    lengths = np.random.default_rng(4).integers(1, 50, 203)
+    bounds = [10, 25, 49]
+    for drop in (False, True):
+        sampler = BucketBatchSampler(
+            lengths,
+            16,
+            boundaries=bounds,
+            seed=5,
+            carry_remainder=True,
+            drop_remainder=drop,
+        )
+        for epoch in range(3):
+            batches = sampler.batches(epoch=epoch)
+            assert len(batches) == len(sampler) == (12 if drop else 13)
+            assert sorted(len(b) for b in batches) == ([] if drop else [11]) + [16] * 12
+            flat = np.concatenate(batches)
+            assert len(set(flat.tolist())) == len(flat)
+            if not drop:
+                np.testing.assert_array_equal(np.sort(flat), np.arange(203))
+            for b in batches:
+                t = sampler.boundary_of(b)
+                assert lengths[b].max() <= t
+                # Rows come from this bucket or, carried, from the one below.
+                lower = {10: -1, 25: -1, 49: 10}[t]
+                assert (lengths[b] > lower).all()
+    # Without shuffling, bucket by bucket, the carried rows first.
+    plain = BucketBatchSampler(
+        [3, 9, 4, 8, 2], 2, boundaries=[4, 9], shuffle=False, carry_remainder=True
+    )
+    assert plain.batches() == [[0, 2], [3], [4, 1]]
+    assert [plain.boundary_of(b) for b in plain.batches()] == [4, 9, 9]
+
+
 def test_quantile_boundaries_split_the_lengths_evenly():
     lengths = np.random.default_rng(4).integers(20, 101, 1000)
     bounds = quantile_boundaries(lengths, 4)
@@ -352,6 +386,53 @@ def test_compilations_are_bounded_by_the_boundaries():
         # TensorFlow: the dataset's spec leaves the time axis free (the first
         # two batches differ), so the tf.function is traced once.
         assert len(traces) == 1 and traces[0][1] is None
+
+
+def test_to_tf_dataset_yields_the_batches_with_a_full_batch_size_in_its_spec():
+    pytest.importorskip("tensorflow")
+    x, y_steps, y_seq, _ = token_data(64, seed=5)
+
+    def dataset(**kwargs):
+        return BucketedDataset(
+            x, y_steps, batch_size=8, boundaries=[5, 10, 15], seed=1, **kwargs
+        )
+
+    ds = dataset(carry_remainder=True)  # 64 rows: every batch has 8
+    tf_ds = ds.to_tf_dataset()
+    x_spec, y_spec = tf_ds.element_spec
+    assert x_spec.shape.as_list() == [8, None] == y_spec.shape.as_list()
+    for epoch in range(2):  # each pass is one epoch, then the epoch advances
+        expected = [ds.make_batch(b) for b in ds.sampler.batches(epoch=epoch)]
+        got = list(tf_ds.as_numpy_iterator())
+        assert len(got) == len(expected) == 8 and ds.sampler.epoch == epoch + 1
+        for (gx, gy), (ex, ey) in zip(got, expected):
+            np.testing.assert_array_equal(gx, ex)
+            np.testing.assert_array_equal(gy, ey)
+    # An incomplete batch leaves the batch axis free; lengths and
+    # per-sequence labels keep their shapes.
+    short = BucketedDataset(
+        x[:61],
+        y_seq[:61],
+        batch_size=8,
+        boundaries=[5, 10, 15],
+        seed=1,
+        return_lengths=True,
+    )
+    (xs, ls), ys = short.to_tf_dataset().element_spec
+    assert xs.shape.as_list() == [None, None]
+    assert ls.shape.as_list() == [None] == ys.shape.as_list()
+    # `fit` on it trains exactly as `train_on_batch` on epochs 0 and 1.
+    reference = build("ours")
+    model = build("ours")
+    model.set_weights(reference.get_weights())
+    oracle = dataset(carry_remainder=True)
+    for epoch in range(2):
+        for b in oracle.sampler.batches(epoch=epoch):
+            reference.train_on_batch(*oracle.make_batch(b))
+    tf_fit = dataset(carry_remainder=True).to_tf_dataset()
+    model.fit(tf_fit, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------- demo
