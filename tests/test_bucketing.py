@@ -14,6 +14,8 @@
   batch shape, i.e. per boundary with `drop_remainder`; TensorFlow: one).
 """
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -438,6 +440,18 @@ def test_to_tf_dataset_yields_the_batches_with_a_full_batch_size_in_its_spec():
 # ----------------------------------------------------------------- demo
 
 
+@pytest.mark.slow  # two quick trainings
+def test_demo_bucket_with_masked_rnn(capsys):
+    from maskedrnn import demo
+
+    results = demo.run_bucket_demo(
+        quick=True, epochs=1, num_buckets=2, verbose=1, layer="rnn"
+    )
+    assert "s/epoch" in capsys.readouterr().out
+    for name in ("bucketed", "padded"):
+        assert 0.0 <= results[name]["accuracy"] <= 1.0
+
+
 @pytest.mark.slow  # two quick trainings (one jit compilation per boundary)
 def test_demo_bucket_prints_seconds_per_epoch_with_and_without(capsys, monkeypatch):
     from maskedrnn import datasets, demo
@@ -452,9 +466,18 @@ def test_demo_bucket_prints_seconds_per_epoch_with_and_without(capsys, monkeypat
         assert len(results[name]["epoch_s"]) == 1
         assert 0.0 <= results[name]["accuracy"] <= 1.0
 
+    # The command line passes what run_bucket_demo accepts (a stand-in with
+    # its real signature: `python -m maskedrnn --bucket` once failed on an
+    # argument it did not take).
     calls = []
-    monkeypatch.setattr(demo, "run_bucket_demo", lambda **kw: calls.append(kw))
+    signature = inspect.signature(demo.run_bucket_demo)
+    monkeypatch.setattr(
+        demo, "run_bucket_demo",
+        lambda **kw: calls.append(signature.bind(**kw).arguments),
+    )
     assert demo.main(["--bucket", "--quick", "--task", "distance"]) == 0
     assert calls[0]["task"] == "distance" and calls[0]["quick"]
+    assert demo.main(["--bucket", "--quick", "--layer", "rnn"]) == 0
+    assert calls[1]["layer"] == "rnn"
     with pytest.raises(SystemExit):
         demo.main(["--bucket", "--save", "x.keras"])
