@@ -19,6 +19,7 @@ obtained (`maskedrnn.layers.kernels`).
 """
 
 import keras
+from keras import ops
 
 
 def is_concrete(x):
@@ -82,8 +83,6 @@ def invert_permutation(perm):
     0.27 / 0.08 ms, scatter 0.26 / 0.12 / 17.8 ms on TensorFlow / JAX / torch
     (Keras' torch `scatter` is slow). Both give the same result.
     """
-    from keras import ops
-
     if keras.backend.backend() != "jax":
         return ops.cast(ops.argsort(perm, axis=1), "int32")
     shape = ops.shape(perm)

@@ -154,14 +154,14 @@ def run(inner, x, initial_state, lengths, packed):
         after each row's last valid step (the initial state for a row with
         no valid step), else None.
     """
-    if packed:
-        return _run_packed(inner, x, initial_state, lengths)
     cell = inner.cell
     dtype = _tensor(cell.kernel).dtype
     x = _tensor(x).to(dtype)
+    states = [_tensor(state).to(dtype) for state in initial_state]
+    if packed:
+        return _run_packed(inner, x, states, lengths)
     # PyTorch's states are (num_layers * num_directions, batch, units).
-    hx = [_tensor(state).to(dtype)[None] for state in initial_state]
-    params, fn, hx = _kernel(inner, hx)
+    params, fn, hx = _kernel(inner, [state[None] for state in states])
     outputs = fn(
         x,
         hx,
@@ -189,11 +189,10 @@ def _kernel(inner, hx):
     return _plain_params(cell), fn, hx[0]
 
 
-def _run_packed(inner, x, initial_state, lengths):
+def _run_packed(inner, x, states, lengths):
+    """`run(..., packed=True)` for `x` and `states` already in the weights'
+    dtype."""
     cell = inner.cell
-    dtype = _tensor(cell.kernel).dtype
-    x = _tensor(x).to(dtype)
-    states = [_tensor(state).to(dtype) for state in initial_state]
     batch, time = x.shape[0], x.shape[1]
     lengths = _tensor(lengths).to("cpu", torch.int64)
     # Rows by decreasing length; ties keep their order (any order would do).
@@ -202,11 +201,9 @@ def _run_packed(inner, x, initial_state, lengths):
     units = _tensor(cell.recurrent_kernel).shape[0]
     if steps == 0:
         # No row has a valid step: no kernel call, zeros and the initial
-        # states. `zero` (a sum over no element of each) gives x and the
-        # weights zero gradients rather than none, as Keras' masked loop
-        # does, without reading a value (the padding may hold NaN).
-        zero = sum(t.reshape(-1)[:0].sum() for t in [x] + _plain_params(cell))
-        return x.new_zeros((batch, time, units)) + zero, states
+        # states (the layers pack only when no gradient is recorded,
+        # `packed_preferred`, so nothing needs to flow back from here).
+        return x.new_zeros((batch, time, units)), states
     # packed[k] = x[row, t] for the k-th (t, row) pair, t-major, rows in
     # sorted order, kept while t < that row's length: PyTorch's packed layout.
     t = torch.arange(steps)
