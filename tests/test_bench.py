@@ -39,6 +39,31 @@ def lstm_states_take_keras_masked_loop(cell):
     return cell == "lstm" and BACKEND in ("tensorflow", "jax") and not GPU
 
 
+def assert_rows_match_oracles(rows):
+    """Every implementation agrees with Keras masked (outputs, and input and
+    weight gradients in train mode) except the ceilings, which must not."""
+    for (name, mode), row in rows.items():
+        if name in bench.CEILINGS:
+            assert row["max_abs_diff"] > 1e-3, row
+            continue
+        assert row["max_abs_diff"] < MATCH_ATOL, row
+        if mode == "train":
+            assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+
+
+def assert_state_layer_mask_use(ours, cell, directions):
+    """Ours' kernel line for a 2-layer stack whose last layer returns states
+    (`directions` inner RNNs per layer): where an LSTM's states come from
+    Keras' masked loop (tests/test_kernels.py checks the mask it gets), the
+    last layer's RNNs run it with a mask and the first layer's without;
+    everywhere else no RNN gets a mask."""
+    if lstm_states_take_keras_masked_loop(cell):
+        assert f"backend.rnn computed, with a mask x{directions}" in ours
+        assert f"backend.rnn computed, no mask x{directions}" in ours
+    else:
+        assert "with a mask" not in ours
+
+
 @pytest.fixture(scope="module")
 def lstm_run(tmp_path_factory):
     """One end-to-end run (LSTM, both modes, every implementation)."""
@@ -199,14 +224,7 @@ def test_return_state_puts_the_final_states_into_the_checked_output(cell):
         )
     )
     assert results["config"]["return_state"] is True
-    rows = by_case(results)
-    for (name, mode), row in rows.items():
-        if name in bench.CEILINGS:
-            assert row["max_abs_diff"] > 1e-3, row
-            continue
-        assert row["max_abs_diff"] < MATCH_ATOL, row
-        if mode == "train":
-            assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    assert_rows_match_oracles(by_case(results))
     assert "with final states" in bench.format_table(results)
 
 
@@ -547,23 +565,9 @@ def test_stacked_layers_are_checked_against_keras_and_pytorch():
     results = bench.main(argv + ["--mode", "train"])
     assert results["config"]["layers"] == 2
     rows = by_case(results)
-    for (name, _), row in rows.items():
-        if name in bench.CEILINGS:
-            assert row["max_abs_diff"] > 1e-3, row
-            continue
-        assert row["max_abs_diff"] < MATCH_ATOL, row
-        assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    assert_rows_match_oracles(rows)
     ours = rows["maskedrnn", "train"]["kernels"]
-    if lstm_states_take_keras_masked_loop("lstm"):
-        # An LSTM whose states are wanted, where Keras has no fused LSTM
-        # kernel: Keras' masked loop on the valid-first data
-        # (tests/test_kernels.py checks the mask it gets). Only the last
-        # layer returns states: its 2 directions; the first layer's run
-        # unmasked.
-        assert "backend.rnn computed, with a mask x2" in ours
-        assert "backend.rnn computed, no mask x2" in ours
-    else:
-        assert "with a mask" not in ours
+    assert_state_layer_mask_use(ours, "lstm", directions=2)
     if BACKEND == "torch" and not GPU:
         assert ours == "torch native kernel computed x4"  # 2 layers x 2 directions
     masked = rows["keras_masked", "train"]["kernels"]
@@ -592,19 +596,9 @@ def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
     rows = by_case(results)
     assert rows["maskedrnn", "train"]["label"] == "MaskedRNN, mask="
     assert rows["keras_masked", "train"]["label"] == f"keras {cell.upper()}, mask="
-    for (name, _), row in rows.items():
-        if name in bench.CEILINGS:
-            assert row["max_abs_diff"] > 1e-3, row
-            continue
-        assert row["max_abs_diff"] < MATCH_ATOL, row
-        assert row["max_abs_grad_diff"] < MATCH_ATOL, row
+    assert_rows_match_oracles(rows)
     ours = rows["maskedrnn", "train"]["kernels"]
-    if lstm_states_take_keras_masked_loop(cell):
-        # Only the last of the 2 layers returns states.
-        assert "backend.rnn computed, with a mask x1" in ours
-        assert "backend.rnn computed, no mask x1" in ours
-    else:
-        assert "with a mask" not in ours
+    assert_state_layer_mask_use(ours, cell, directions=1)
     if BACKEND == "torch" and not GPU:
         assert ours == "torch native kernel computed x2"  # 2 layers, 1 direction
     masked = rows["keras_masked", "train"]["kernels"]
