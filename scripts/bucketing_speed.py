@@ -529,6 +529,15 @@ def measure(task, seeds, epochs, batch_size, units, num_buckets, n_train, n_test
     }
 
 
+def _results(paths):
+    """The `results` entries of the result files `paths`, in order."""
+    results = []
+    for path in paths:
+        with open(path) as f:
+            results += json.load(f)["results"]
+    return results
+
+
 def steady_table(paths):
     """The Markdown table of docs/scaling.md from one-fit result files."""
     lines = [
@@ -537,72 +546,61 @@ def steady_table(paths):
         "test accuracy (seeds) | load avg 1 min |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for path in paths:
-        with open(path) as f:
-            report = json.load(f)
-        for r in report["results"]:
-            runs = r["runs"]
-            for v, summary in r["summary"].items():
-                entries = [run["variants"][v] for run in runs]
-                fractions = [e.get("padded_steps_fraction") for e in entries]
-                steps = "-" if None in fractions else f"{np.mean(fractions):.2f}"
-                batches = sorted({e["batches_per_epoch"] for e in entries})
-                loads = [x for e in entries for x in e["load_avg_1min"]]
-                accuracy = ", ".join(f"{a:.3f}" for a in summary["test_accuracy"])
-                seeds = ",".join(str(run["seed"]) for run in runs)
-                ratio = (
-                    "1"
-                    if v == "padded"
-                    else f"{summary['median_ratio']:.2f} "
-                    f"({summary['min_ratio']:.2f}-{summary['max_ratio']:.2f})"
-                )
-                name = v + (" (XLA)" if r.get("jit_compile") is True else "")
-                lines.append(
-                    f"| {r['backend']} | {r['task']} | {name} | {ratio} | "
-                    f"{summary['median_cpu_ratio']:.2f} | "
-                    f"{summary['median_steady_s']:.3f} | "
-                    f"{'/'.join(str(b) for b in batches)} | {steps} | "
-                    f"{accuracy} ({seeds}) | {min(loads):.2f}-{max(loads):.2f} |"
-                )
+    for r in _results(paths):
+        runs = r["runs"]
+        for v, summary in r["summary"].items():
+            entries = [run["variants"][v] for run in runs]
+            fractions = [e.get("padded_steps_fraction") for e in entries]
+            steps = "-" if None in fractions else f"{np.mean(fractions):.2f}"
+            batches = sorted({e["batches_per_epoch"] for e in entries})
+            loads = [x for e in entries for x in e["load_avg_1min"]]
+            accuracy = ", ".join(f"{a:.3f}" for a in summary["test_accuracy"])
+            seeds = ",".join(str(run["seed"]) for run in runs)
+            ratio = (
+                "1"
+                if v == "padded"
+                else f"{summary['median_ratio']:.2f} "
+                f"({summary['min_ratio']:.2f}-{summary['max_ratio']:.2f})"
+            )
+            name = v + (" (XLA)" if r.get("jit_compile") is True else "")
+            lines.append(
+                f"| {r['backend']} | {r['task']} | {name} | {ratio} | "
+                f"{summary['median_cpu_ratio']:.2f} | "
+                f"{summary['median_steady_s']:.3f} | "
+                f"{'/'.join(str(b) for b in batches)} | {steps} | "
+                f"{accuracy} ({seeds}) | {min(loads):.2f}-{max(loads):.2f} |"
+            )
     return "\n".join(lines)
 
 
 def table(paths):
     """The Markdown table of docs/scaling.md from result files (one-fit
     files get `steady_table`)."""
-    with open(paths[0]) as f:
-        mode = json.load(f)["results"][0].get("mode")
+    mode = _results(paths[:1])[0].get("mode")
     if mode == "one-fit":
         return steady_table(paths)
     if mode == "step-profile":
-        results = []
-        for path in paths:
-            with open(path) as f:
-                results += json.load(f)["results"]
-        return profile_table(results)
+        return profile_table(_results(paths))
     lines = [
         "| backend | task | median ratio (range) | pairs | median s/epoch "
         "bucketed / padded | padded steps | test accuracy bucketed / padded |",
         "|---|---|---|---|---|---|---|",
     ]
-    for path in paths:
-        with open(path) as f:
-            report = json.load(f)
-        for r in report["results"]:
-            runs = r["runs"]
-            pairs = sum(len(run["ratios"]) for run in runs)
-            steps = np.mean([run["padded_steps_fraction"] for run in runs])
-            accuracy = ", ".join(
-                f"{run['test_accuracy']['bucketed']:.3f} / "
-                f"{run['test_accuracy']['padded']:.3f}"
-                for run in runs
-            )
-            lines.append(
-                f"| {r['backend']} | {r['task']} | {r['median_ratio']:.2f} "
-                f"({r['min_ratio']:.2f}-{r['max_ratio']:.2f}) | {pairs} | "
-                f"{r['median_epoch_s']['bucketed']:.2f} / "
-                f"{r['median_epoch_s']['padded']:.2f} | {steps:.2f} | {accuracy} |"
-            )
+    for r in _results(paths):
+        runs = r["runs"]
+        pairs = sum(len(run["ratios"]) for run in runs)
+        steps = np.mean([run["padded_steps_fraction"] for run in runs])
+        accuracy = ", ".join(
+            f"{run['test_accuracy']['bucketed']:.3f} / "
+            f"{run['test_accuracy']['padded']:.3f}"
+            for run in runs
+        )
+        lines.append(
+            f"| {r['backend']} | {r['task']} | {r['median_ratio']:.2f} "
+            f"({r['min_ratio']:.2f}-{r['max_ratio']:.2f}) | {pairs} | "
+            f"{r['median_epoch_s']['bucketed']:.2f} / "
+            f"{r['median_epoch_s']['padded']:.2f} | {steps:.2f} | {accuracy} |"
+        )
     return "\n".join(lines)
 
 
