@@ -186,6 +186,21 @@ def run_layer_test(layer_fn, x, call_kwargs=None, expected_output_shape=None):
     return layer
 
 
+def spy_masks(inner_layers):
+    """Records the `mask` argument of every call of each Keras layer in
+    `inner_layers` (the inner RNNs of a masked wrapper); returns the list."""
+    seen = []
+    for inner in inner_layers:
+        original = inner.call
+
+        def spy(*args, _original=original, **kwargs):
+            seen.append(kwargs.get("mask"))
+            return _original(*args, **kwargs)
+
+        inner.call = spy
+    return seen
+
+
 def save_and_load(model):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")

@@ -22,7 +22,14 @@ import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN
 from maskedrnn.layers import kernels
-from tests.helpers import BACKEND, assert_close, lengths_to_mask, oracle_pair, to_np
+from tests.helpers import (
+    BACKEND,
+    assert_close,
+    lengths_to_mask,
+    oracle_pair,
+    spy_masks,
+    to_np,
+)
 
 B, T, D, U = 5, 6, 3, 4
 LENGTHS = np.array([6, 2, 0, 4, 1], "int32")
@@ -43,20 +50,6 @@ def fake_gpu(monkeypatch):
     """Keras' backend believes it has a GPU (only the choice is asked)."""
     module = importlib.import_module(f"keras.src.backend.{BACKEND}.rnn")
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
-
-
-def spy_masks(inner_layers):
-    """Records the `mask` argument of each call of the inner Keras layers."""
-    seen = []
-    for inner in inner_layers:
-        original = inner.call
-
-        def spy(*args, _original=original, **kwargs):
-            seen.append(kwargs.get("mask"))
-            return _original(*args, **kwargs)
-
-        inner.call = spy
-    return seen
 
 
 def left_padded_mask():

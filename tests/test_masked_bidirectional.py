@@ -20,6 +20,7 @@ from tests.helpers import (
     oracle_pair,
     run_layer_test,
     save_and_load,
+    spy_masks,
     to_np,
 )
 
@@ -211,16 +212,7 @@ def test_backward_direction_reads_valid_steps_only():
 
 
 def _spy_masks(layer):
-    seen = []
-    for inner in (layer.forward_layer, layer.backward_layer):
-        original = inner.call
-
-        def spy(*args, _original=original, **kwargs):
-            seen.append(kwargs.get("mask"))
-            return _original(*args, **kwargs)
-
-        inner.call = spy
-    return seen
+    return spy_masks((layer.forward_layer, layer.backward_layer))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

@@ -243,9 +243,25 @@ class MaskedWrapper(keras.layers.Layer):
 
     `compute_output_spec` runs the argument checks that need no values, so a
     bad `lengths`/`mask` fails when a Functional model is built from shapes;
-    `_empty_batch_outputs` answers a batch of 0 rows without an RNN call.
-    Each subclass supplies `compute_output_shape`.
+    `_empty_batch_outputs` answers a batch of 0 rows without an RNN call;
+    `_kernel_info` is what both `kernel_info()` methods report. Each
+    subclass supplies `compute_output_shape`.
     """
+
+    def _kernel_info(self, inner_layers, inputs):
+        """`{key: sentence}` of `kernels.choose` for each inner RNN of the
+        dict `inner_layers`, for data on the device of `inputs` (default:
+        each inner layer's weights)."""
+        if not self.built:
+            raise ValueError(
+                "kernel_info() needs a built layer: call it on data first or "
+                "call layer.build(input_shape)."
+            )
+        info = {}
+        for key, inner in inner_layers.items():
+            where = inner.cell.kernel if inputs is None else inputs
+            _, info[key] = kernels.choose(inner, where, self.return_state)
+        return info
 
     def compute_output_spec(
         self, inputs, mask=None, lengths=None, initial_state=None, training=None

@@ -233,19 +233,9 @@ class MaskedBidirectional(direction.MaskedWrapper):
             Keras' step loop with a right-padded mask (no fused kernel
             exists for that layer), each with the reason it was chosen.
         """
-        if not self.built:
-            raise ValueError(
-                "kernel_info() needs a built layer: call it on data first or "
-                "call layer.build(input_shape)."
-            )
-        info = {}
-        for key, inner in (
-            ("forward", self.forward_layer),
-            ("backward", self.backward_layer),
-        ):
-            where = inner.cell.kernel if inputs is None else inputs
-            _, info[key] = kernels.choose(inner, where, self.return_state)
-        return info
+        return self._kernel_info(
+            {"forward": self.forward_layer, "backward": self.backward_layer}, inputs
+        )
 
     # ------------------------------------------------------------------- call
 

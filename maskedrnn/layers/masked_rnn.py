@@ -166,13 +166,7 @@ class MaskedRNN(direction.MaskedWrapper):
             one exists, else Keras' step loop without a mask), or Keras'
             step loop with a right-padded mask, with the reason.
         """
-        if not self.built:
-            raise ValueError(
-                "kernel_info() needs a built layer: call it on data first or "
-                "call layer.build(input_shape)."
-            )
-        where = self.layer.cell.kernel if inputs is None else inputs
-        return {"layer": kernels.choose(self.layer, where, self.return_state)[1]}
+        return self._kernel_info({"layer": self.layer}, inputs)
 
     # ------------------------------------------------------------------- call
 
