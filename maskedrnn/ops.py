@@ -20,6 +20,7 @@ __all__ = [
     "lengths_from_mask",
     "lengths_from_padding",
     "valid_first_order",
+    "valid_ranks",
     "gather_time",
     "linear_recurrence_last",
 ]
@@ -254,18 +255,46 @@ def valid_first_order(mask):
         permutations, inverse of each other, and the int32 `(batch,)` count of
         valid steps per row.
     """
-    mask = as_bool(mask)
-    m = ops.cast(mask, "int32")
-    # Destination of each step: valid steps take slots 0..n-1 in order,
-    # padded steps take slots n..T-1 in order. Both are running counts.
-    lengths = ops.sum(m, axis=1)
-    valid_rank = ops.cumsum(m, axis=1) - 1
-    pad_rank = ops.cumsum(1 - m, axis=1) - 1
-    inverse = ops.where(mask, valid_rank, ops.expand_dims(lengths, 1) + pad_rank)
-    inverse = ops.cast(inverse, "int32")
+    rank, inverse, lengths = valid_ranks(mask)
     # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
     order = _backend.invert_permutation(inverse)
-    return order, inverse, ops.cast(lengths, "int32")
+    return order, inverse, lengths
+
+
+def valid_ranks(mask):
+    """The running count of valid steps, and where `valid_first_order` sends
+    each step (its `inverse`), from one cumulative sum.
+
+    Example:
+
+    >>> rank, inverse, lengths = valid_ranks([[0, 1, 0, 1, 1]])
+    >>> rank
+    [[-1, 0, 0, 1, 2]]
+    >>> inverse
+    [[3, 0, 4, 1, 2]]
+
+    Args:
+        mask: Boolean or numeric tensor of shape `(batch, time)`.
+
+    Returns:
+        A tuple `(rank, inverse, lengths)`: `rank[b, t]` (int32) is the
+        number of valid steps of row `b` up to and including `t`, minus one
+        (the valid-first slot of the last valid step at or before `t`; -1
+        before the first one); `inverse` the int32 `(batch, time)`
+        permutation sending valid steps to slots `0..n-1` and padded steps
+        to `n..time-1`, each in order; `lengths` the int32 `(batch,)` count
+        `n` of valid steps.
+    """
+    mask = as_bool(mask)
+    m = ops.cast(mask, "int32")
+    lengths = ops.cast(ops.sum(m, axis=1), "int32")
+    rank = ops.cast(ops.cumsum(m, axis=1), "int32") - 1
+    # Padded steps up to and including t number (t + 1) - (rank + 1), so a
+    # padded step's slot is lengths + t - rank - 1: no second cumulative sum.
+    t = ops.expand_dims(ops.arange(ops.shape(m)[1], dtype="int32"), 0)
+    pad_slot = ops.expand_dims(lengths, 1) + t - rank - 1
+    inverse = ops.cast(ops.where(mask, rank, pad_slot), "int32")
+    return rank, inverse, lengths
 
 
 def _combine_adjacent(a, b):

@@ -295,9 +295,10 @@ def test_eager_inner_rnns_get_no_mask(spies, kernels, cell, how):
     np.testing.assert_allclose(to_np(y), to_np(expected), atol=1e-5)
 
 
-def test_generic_cell_gets_a_right_padded_mask(spies):
-    """`RNN(LSTMCell)` has no fused kernel to keep: ours gives the generic
-    loop a right-padded mask (valid steps moved to the front)."""
+def test_generic_cell_loops_over_the_callers_mask(spies):
+    """`RNN(LSTMCell)` has no fused kernel to keep: ours gives Keras'
+    generic loop the caller's mask as it is (the backward direction reads
+    it flipped), no reordering."""
     ours = MaskedBidirectional(
         keras.layers.RNN(keras.layers.LSTMCell(U), return_sequences=True)
     )
@@ -308,10 +309,10 @@ def test_generic_cell_gets_a_right_padded_mask(spies):
     assert spies["lstm"].calls == []
     if "native" in spies:
         assert spies["native"].calls == []
-    right_padded = np.arange(T)[None, :] < mask.sum(1)[:, None]
     assert len(spies["rnn"].calls) == 2
-    for m in spies["rnn"].masks():
-        np.testing.assert_array_equal(to_np(m), right_padded)
+    forward, backward = spies["rnn"].masks()
+    np.testing.assert_array_equal(to_np(forward), mask)
+    np.testing.assert_array_equal(to_np(backward), mask[:, ::-1])
 
 
 # -------------------------------------------------------- compiled training

@@ -6,10 +6,11 @@ tests/test_masked_bidirectional.py, tests/test_torch_kernels.py and
 tests/test_final_state.py (the unmasked path with recomputed states).
 
 - An LSTM whose final states are wanted, on TensorFlow or JAX without a GPU
-  (Keras has no fused LSTM kernel there), runs Keras' masked loop on the
-  valid-first data: it receives exactly the right-padded mask of the lengths,
-  nothing else; where Keras could run cuDNN (a GPU, faked here), it runs
-  unmasked.
+  (Keras has no fused LSTM kernel there), runs Keras' masked loop: given
+  `mask=`, on the caller's data with exactly the caller's mask (no
+  reordering; the backward direction reads both flipped), given `lengths=`,
+  on the right-padded data with the right-padded mask of the lengths; where
+  Keras could run cuDNN (a GPU, faked here), it runs unmasked.
 - Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask.
 - On torch on CPU, PyTorch's kernel runs on the packed valid steps only.
 """
@@ -58,7 +59,8 @@ def left_padded_mask():
 
 @tf_or_jax
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
-def test_lstm_states_without_gpu_use_keras_masked_loop_on_valid_first_data(wrapper):
+@pytest.mark.parametrize("how", ["mask", "lengths"])
+def test_lstm_states_without_gpu_use_keras_masked_loop(wrapper, how):
     if keras_has_gpu():
         pytest.skip("a GPU is visible: the LSTM runs unmasked there")
     ours, ref = oracle_pair(
@@ -69,14 +71,23 @@ def test_lstm_states_without_gpu_use_keras_masked_loop_on_valid_first_data(wrapp
     ]
     seen = spy_masks(inner)
     x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")
-    mask = left_padded_mask()
-    assert_close(ours(x, mask=mask), ref(x, mask=mask))
+    if how == "mask":
+        mask = left_padded_mask()
+        assert_close(ours(x, mask=mask), ref(x, mask=mask))
+        # The caller's mask as it is; the backward direction reads it flipped.
+        expected = [mask, mask[:, ::-1]][: len(inner)]
+    else:
+        mask = lengths_to_mask(LENGTHS, T)
+        assert_close(ours(x, lengths=LENGTHS), ref(x, mask=mask))
+        # Right-padded data: the mask of the lengths for both directions
+        # (the backward one reads each row reversed by its length).
+        expected = [mask] * len(inner)
     assert len(seen) == len(inner)
-    for m in seen:  # valid-first: the right-padded mask of the lengths
-        np.testing.assert_array_equal(to_np(m), lengths_to_mask(LENGTHS, T))
+    for m, want in zip(seen, expected):
+        np.testing.assert_array_equal(to_np(m), want)
     for sentence in ours.kernel_info().values():
         assert "final [h, c] are wanted" in sentence
-        assert "right-padded mask" in sentence
+        assert "masked step loop" in sentence
 
 
 @tf_or_jax
@@ -105,7 +116,7 @@ def test_with_a_gpu_the_lstm_runs_unmasked_even_for_states(fake_gpu):
     ):
         layer.build((None, None, D))
         for sentence in layer.kernel_info().values():
-            assert "unmasked" in sentence and "right-padded" not in sentence
+            assert "unmasked" in sentence and "masked step loop" not in sentence
         inner = layer.layer if isinstance(layer, MaskedRNN) else layer.forward_layer
         runner, _ = kernels.choose(inner, inner.cell.kernel, want_states=True)
         assert runner is kernels.run_keras_unmasked

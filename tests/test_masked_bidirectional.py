@@ -236,16 +236,25 @@ def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
     assert seen and all(m is None for m in seen)
 
 
-def test_generic_cells_get_a_right_padded_mask():
+def test_generic_cells_loop_over_the_callers_mask():
+    """No fused kernel to keep: each direction runs Keras' masked loop on
+    the mask as given (the backward one flipped, as Keras' Bidirectional);
+    with lengths=, on the right-padded mask of the lengths."""
     layer = MaskedBidirectional(keras.layers.RNN(keras.layers.GRUCell(U)))
     assert not layer.uses_fast_path
     assert not MaskedBidirectional(
         keras.layers.LSTM(U, recurrent_dropout=0.1)
     ).uses_fast_path
     seen = _spy_masks(layer)
-    layer(make_inputs(), mask=mask_patterns())
-    lengths = mask_patterns().sum(1)
-    for m in seen:
+    mask = mask_patterns()
+    layer(make_inputs(), mask=mask)
+    assert len(seen) == 2
+    np.testing.assert_array_equal(to_np(seen[0]), mask)
+    np.testing.assert_array_equal(to_np(seen[1]), mask[:, ::-1])
+    lengths = mask.sum(1)
+    layer(make_inputs(), lengths=lengths)
+    assert len(seen) == 4
+    for m in seen[2:]:
         np.testing.assert_array_equal(to_np(m), np.arange(T) < lengths[:, None])
 
 

@@ -123,6 +123,26 @@ def test_valid_first_order_is_a_stable_partition():
     np.testing.assert_array_equal(lengths, mask.sum(1))
 
 
+def test_valid_ranks_count_valid_steps_and_place_padded_ones_after():
+    # numpy oracle: rank = running count of valid steps - 1; inverse sends
+    # the k-th valid step to slot k and the k-th padded one to n + k.
+    rng = np.random.default_rng(5)
+    mask = rng.random((6, 9)) > 0.4
+    mask[0] = False
+    mask[1] = True
+    rank, inverse, lengths = (to_np(t) for t in mops.valid_ranks(mask))
+    np.testing.assert_array_equal(rank, np.cumsum(mask, axis=1) - 1)
+    for i in range(len(mask)):
+        n = mask[i].sum()
+        expected = np.empty(9, int)
+        expected[mask[i]] = np.arange(n)
+        expected[~mask[i]] = n + np.arange(9 - n)
+        np.testing.assert_array_equal(inverse[i], expected)
+    np.testing.assert_array_equal(lengths, mask.sum(1))
+    dtypes = {keras.backend.standardize_dtype(t.dtype) for t in mops.valid_ranks(mask)}
+    assert dtypes == {"int32"}
+
+
 def np_linear_recurrence_last(a, b, lengths, initial):
     c = np.array(initial, "float64").copy()
     for i, n in enumerate(lengths):

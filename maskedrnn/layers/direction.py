@@ -21,12 +21,17 @@ them). Each direction then:
 The caller places the per-step outputs back (`in_place` for the zeros-at-
 padding convention of `Bidirectional`, `held` for Keras' `RNN` convention
 that a masked step repeats the last valid output).
+
+When the kernel is Keras' masked loop anyway (`loops_over_mask`: layers with
+no fused kernel to keep, an LSTM's exact states where Keras has no fused
+LSTM kernel), a batch given with a mask skips steps 1-4: `run_masked_loop`
+runs that loop on the caller's order, which reads any mask by itself.
 """
 
 import keras
 from keras import ops
 
-from maskedrnn import _checks
+from maskedrnn import _backend, _checks
 from maskedrnn import ops as mops
 from maskedrnn.layers import final_state, kernels
 
@@ -42,6 +47,10 @@ class Steps:
         order: Int32 `(batch, time)` time gather from the caller's order to
             valid-first, or None when the data is valid-first already.
         inverse: The inverse permutation of `order` (None with it).
+        rank: Int32 `(batch, time)` or None (with `order`): at each step of
+            the caller's order, the valid-first slot of the last valid step
+            at or before it, -1 before the first (`ops.valid_ranks`); the
+            gather index of `held` for outputs read in the caller's order.
         valid: Bool `(batch, time)`: the valid steps of valid-first data
             (`sequence_mask(lengths, time)`).
         has_steps: Bool `(batch, 1)`: `lengths > 0`.
@@ -51,11 +60,12 @@ class Steps:
             row's first `lengths` steps (`ops.reverse_index`).
     """
 
-    def __init__(self, lengths, time, order=None, inverse=None):
+    def __init__(self, lengths, time, order=None, inverse=None, rank=None):
         self.time = time
         self.lengths = lengths
         self.order = order
         self.inverse = inverse
+        self.rank = rank
         self.valid = mops.sequence_mask(lengths, time)
         self.has_steps = ops.expand_dims(lengths > 0, -1)
         self.last = ops.maximum(lengths - 1, 0)
@@ -76,8 +86,9 @@ class Steps:
     @classmethod
     def from_mask(cls, mask):
         """Any boolean `(batch, time)` mask (left padding, holes, ...)."""
-        order, inverse, lengths = mops.valid_first_order(mask)
-        return cls(lengths, ops.shape(mask)[1], order, inverse)
+        rank, inverse, lengths = mops.valid_ranks(mask)
+        order = _backend.invert_permutation(inverse)
+        return cls(lengths, ops.shape(mask)[1], order, inverse, rank)
 
     @classmethod
     def full(cls, batch, time):
@@ -91,8 +102,58 @@ class Steps:
 
 def zero_padding(x, steps):
     """`x` (valid-first) with zeros at every padded step."""
-    valid = ops.expand_dims(steps.valid, -1)
-    return ops.where(valid, x, ops.zeros_like(x))
+    return zero_where_masked(x, steps.valid)
+
+
+def zero_where_masked(x, mask):
+    """`x` with zeros at every step where the `(batch, time)` `mask` is False."""
+    return ops.where(ops.expand_dims(mask, -1), x, ops.zeros_like(x))
+
+
+def loops_over_mask(inner, where, want_states=False):
+    """True when `kernels.choose` sends `inner` to Keras' masked step loop.
+
+    That loop reads any mask (left padding, holes, all-padding rows) as it
+    comes, so a batch given with `mask=` skips the valid-first reordering
+    and runs `run_masked_loop` in the caller's order instead.
+    """
+    return kernels.choose(inner, where, want_states)[0] is kernels.run_keras_masked
+
+
+def run_masked_loop(inner, x, mask, initial_state=None, training=None):
+    """Runs `inner` in Keras' masked step loop over the caller's order.
+
+    For the layers `kernels.choose` gives no fused kernel to keep (see
+    `loops_over_mask`): Keras' own masked loop, exact, with no reordering.
+
+    Args:
+        inner: The inner RNN, returning sequences and states, reading
+            forward (`go_backwards=False`), built.
+        x: Float tensor `(batch, time, features)` in the order this
+            direction reads it.
+        mask: Bool `(batch, time)` in the same order.
+        initial_state: Optional list of initial state tensors.
+        training: Python boolean or None (dropout, applied by Keras' cell).
+
+    Returns:
+        `outputs`: `(batch, time, units)` in Keras' `RNN` convention under a
+        mask (see `held`); `states`: the states after each row's last valid
+        step (the initial state for a row with no valid step). Masked
+        inputs are zeroed first, so inf or NaN there reach neither outputs
+        nor gradients.
+    """
+    y, *states = inner(
+        zero_where_masked(x, mask),
+        mask=mask,
+        initial_state=initial_state,
+        training=training,
+    )
+    if initial_state is not None:
+        # Keras' JAX loop outputs the initial h before a row's first valid
+        # step; `held`, and Keras' other backends, output zeros there.
+        started = ops.cumsum(ops.cast(mask, "int32"), axis=1) > 0
+        y = zero_where_masked(y, started)
+    return y, list(states)
 
 
 def run(inner, x, steps, initial_state=None, training=None, want_states=True):
@@ -172,7 +233,7 @@ def last_output(y, steps):
     return ops.where(steps.has_steps, y, ops.zeros_like(y))
 
 
-def held(y, read_mask, zero_output_for_mask=False):
+def held(y, read_mask, zero_output_for_mask=False, rank=None):
     """Valid-first outputs placed as Keras' `RNN` returns them under a mask.
 
     Position `t` (in the order the layer reads) gets the output of the last
@@ -185,9 +246,12 @@ def held(y, read_mask, zero_output_for_mask=False):
         read_mask: Bool `(batch, time)`, the mask in the order the layer
             reads (flipped for `go_backwards=True`).
         zero_output_for_mask: Bool, the wrapped layer's setting.
+        rank: Optional int32 `(batch, time)`: `cumsum(read_mask) - 1` when
+            the caller has it (`Steps.rank`), else computed here.
     """
-    m = ops.cast(read_mask, "int32")
-    hold = ops.cumsum(m, axis=1) - 1
+    if rank is None:
+        rank = ops.cumsum(ops.cast(read_mask, "int32"), axis=1) - 1
+    hold = rank
     keep = hold >= 0
     if zero_output_for_mask:
         keep = ops.logical_and(keep, read_mask)

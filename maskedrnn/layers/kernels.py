@@ -20,7 +20,10 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   cells, `recurrent_dropout > 0`), for an LSTM whose final states are wanted
   where Keras has no fused LSTM kernel (TensorFlow and JAX without a GPU,
   `states_reason`), and for one Keras bug (float64 SimpleRNN on JAX). Exact,
-  and it returns the states itself.
+  and it returns the states itself. Since that loop reads any mask, a batch
+  given with `mask=` skips the valid-first reordering for these layers and
+  runs `direction.run_masked_loop` on the caller's order instead
+  (`direction.loops_over_mask`); this runner serves `lengths=`.
 
 Every runner takes `(inner, x, initial_state, training, steps)`, where `x` is
 valid-first and `steps` the batch's `direction.Steps` (`steps.valid` is its
@@ -158,7 +161,9 @@ def choose(inner, where, want_states=False):
         masked = states_reason(inner)
     if masked is not None:
         return run_keras_masked, (
-            f"Keras {name} with a right-padded mask, in Keras' step loop: {masked}"
+            f"Keras {name} in Keras' masked step loop, given the batch's mask "
+            "as it is (mask=, no reordering) or the right-padded mask of "
+            f"lengths=: {masked}"
         )
     reason = native_reason(inner, where)
     if reason is None:

@@ -44,12 +44,15 @@ class MaskedBidirectional(direction.MaskedWrapper):
     `maskedrnn.ops.linear_recurrence_last`). Where that is not the cheapest
     exact way, the states come from the kernel itself: with
     `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU (no
-    fused LSTM kernel there) runs Keras' masked loop on the valid-first
-    data, and on the torch backend on CPU PyTorch's kernel runs on the
-    packed valid steps when no gradient is recorded. Any other RNN layer
-    (`keras.layers.RNN(cell)`, custom cells, `recurrent_dropout > 0`) has no
-    fused kernel to lose: it gets the same reordering and reversal, plus a
-    right-padded mask, so its results are exact too. `uses_fast_path` tells
+    fused LSTM kernel there) runs Keras' masked loop, and on the torch
+    backend on CPU PyTorch's kernel runs on the packed valid steps when no
+    gradient is recorded. Any other RNN layer (`keras.layers.RNN(cell)`,
+    custom cells, `recurrent_dropout > 0`) has no fused kernel to lose: it
+    runs Keras' masked loop as well, so its results are exact too. That
+    loop reads any mask: given `mask=`, both directions run on the data as
+    it is, the backward one flipped as in Keras' `Bidirectional` (no
+    reordering; masked inputs zeroed); given `lengths=`, with their
+    right-padded mask. `uses_fast_path` tells
     which path a layer takes. On the torch backend on CPU, where Keras would
     step through time in Python, the unmasked inner RNNs run on PyTorch's
     native kernels instead (same equations; faster, see
@@ -230,8 +233,8 @@ class MaskedBidirectional(direction.MaskedWrapper):
             PyTorch's native kernel (`torch.lstm`/`gru`/`rnn_tanh`/
             `rnn_relu`, torch backend on CPU), Keras' unmasked inner layer
             (its backend picks a fused kernel such as cuDNN when it can), or
-            Keras' step loop with a right-padded mask (no fused kernel
-            exists for that layer), each with the reason it was chosen.
+            Keras' masked step loop (no fused kernel to keep for that
+            layer here), each with the reason it was chosen.
         """
         return self._kernel_info(
             {"forward": self.forward_layer, "backward": self.backward_layer}, inputs
@@ -249,7 +252,14 @@ class MaskedBidirectional(direction.MaskedWrapper):
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             steps = direction.Steps.from_lengths(lengths, time)
         elif mask is not None:
-            steps = direction.Steps.from_mask(_checks.check_mask(mask, x))
+            mask = _checks.check_mask(mask, x)
+            if all(
+                direction.loops_over_mask(inner, x, self.return_state)
+                for inner in (self.forward_layer, self.backward_layer)
+            ):
+                # Keras' masked loop reads the mask as it is: no reordering.
+                return self._call_masked_loops(x, mask, initial_state, training)
+            steps = direction.Steps.from_mask(mask)
         else:
             steps = direction.Steps.full(ops.shape(x)[0], time)
         x = steps.valid_first(x)
@@ -272,6 +282,35 @@ class MaskedBidirectional(direction.MaskedWrapper):
             fwd_y = direction.last_output(fwd_y, steps)
             bwd_y = direction.last_output(bwd_y_rev, steps)
 
+        outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
+        if bad_rows is not None:
+            outputs = _checks.poison_rows(outputs, bad_rows)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _call_masked_loops(self, x, mask, initial_state, training):
+        """Both directions in Keras' masked loop, in the caller's order
+        (`direction.run_masked_loop`): the backward one over the flipped
+        time axis and mask, as Keras' `Bidirectional` runs it."""
+        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
+        fwd_y, fwd_states = direction.run_masked_loop(
+            self.forward_layer, x, mask, fwd_state, training
+        )
+        bwd_y, bwd_states = direction.run_masked_loop(
+            self.backward_layer, ops.flip(x, 1), ops.flip(mask, 1), bwd_state, training
+        )
+        if self.return_sequences:
+            fwd_y = direction.zero_where_masked(fwd_y, mask)
+            bwd_y = direction.zero_where_masked(ops.flip(bwd_y, 1), mask)
+        else:
+            fwd_y, bwd_y = fwd_y[:, -1], bwd_y[:, -1]
+        if not self.return_state:
+            fwd_states = bwd_states = []
+        outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
+        """The list of outputs: the two directions merged by `merge_mode`,
+        then the states when `return_state`."""
         fwd_y = ops.cast(fwd_y, self.compute_dtype)
         bwd_y = ops.cast(bwd_y, self.compute_dtype)
         if self.merge_mode == "concat":
@@ -286,9 +325,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             outputs = [fwd_y, bwd_y]
         if self.return_state:
             outputs = outputs + fwd_states + bwd_states
-        if bad_rows is not None:
-            outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return outputs
 
     def _split_initial_state(self, initial_state, x):
         parts = []

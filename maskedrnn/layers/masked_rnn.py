@@ -38,12 +38,13 @@ class MaskedRNN(direction.MaskedWrapper):
     each row's last valid step; an LSTM's cell state is recomputed exactly
     from the outputs, except where the kernel gives it exactly for less:
     with `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU
-    (Keras has no fused LSTM kernel there) runs Keras' masked loop on the
-    valid-first data, and on torch on CPU PyTorch's kernel runs on the
-    packed valid steps when no gradient is recorded (inference).
-    `keras.layers.RNN(cell)`, custom cells and
-    `recurrent_dropout > 0` have no fused kernel to keep: they get the same
-    reordering plus a right-padded mask (Keras' masked loop), exact as well.
+    (Keras has no fused LSTM kernel there) runs Keras' masked loop, and on
+    torch on CPU PyTorch's kernel runs on the packed valid steps when no
+    gradient is recorded (inference). `keras.layers.RNN(cell)`, custom
+    cells and `recurrent_dropout > 0` have no fused kernel to keep: they
+    run Keras' masked loop too, exact as well. That loop reads any mask,
+    so given `mask=` it runs on the data as it is (no reordering; masked
+    inputs zeroed); given `lengths=`, with their right-padded mask.
     `kernel_info()` says which code runs and why.
 
     Semantics (those of the wrapped layer under a mask, on TensorFlow and
@@ -164,7 +165,7 @@ class MaskedRNN(direction.MaskedWrapper):
             A dict with the key `"layer"` and a sentence: PyTorch's native
             kernel, Keras' unmasked layer (its backend's fused kernel where
             one exists, else Keras' step loop without a mask), or Keras'
-            step loop with a right-padded mask, with the reason.
+            masked step loop, with the reason.
         """
         return self._kernel_info({"layer": self.layer}, inputs)
 
@@ -176,6 +177,7 @@ class MaskedRNN(direction.MaskedWrapper):
             return self._empty_batch_outputs(x)
         time = ops.shape(x)[1]
         bad_rows = read_mask = None
+        masked_loop = False
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             steps = direction.Steps.from_lengths(lengths, time)
@@ -194,6 +196,9 @@ class MaskedRNN(direction.MaskedWrapper):
                 mask = None if mask is None else ops.flip(mask, 1)
             if mask is None:
                 steps = direction.Steps.full(ops.shape(x)[0], time)
+            elif direction.loops_over_mask(self.layer, x, self.return_state):
+                # Keras' masked loop reads the mask as it is: no reordering.
+                masked_loop = True
             else:
                 steps = direction.Steps.from_mask(mask)
                 x = steps.valid_first(x)
@@ -210,26 +215,33 @@ class MaskedRNN(direction.MaskedWrapper):
                 )
             ],
         )
+        state = None if state is None else state[0]
+        if masked_loop:
+            y, states = direction.run_masked_loop(self.layer, x, mask, state, training)
+            y = y if self.return_sequences else y[:, -1]
+            states = states if self.return_state else []
+        else:
+            y, states = self._run_valid_first(x, steps, read_mask, state, training)
+        outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
+        if bad_rows is not None:
+            outputs = _checks.poison_rows(outputs, bad_rows)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run_valid_first(self, x, steps, read_mask, state, training):
+        """Outputs and states from valid-first `x` (`direction.run`), the
+        outputs placed as Keras' masked `RNN` returns them."""
         y, states = direction.run(
-            self.layer,
-            x,
-            steps,
-            None if state is None else state[0],
-            training,
-            self.return_state,
+            self.layer, x, steps, state, training, self.return_state
         )
         if self.return_sequences:
             if read_mask is not None:
-                y = direction.held(y, read_mask, self.zero_output_for_mask)
+                y = direction.held(y, read_mask, self.zero_output_for_mask, steps.rank)
         else:
             y = direction.last_output(y, steps)
             if self.zero_output_for_mask and read_mask is not None:
                 keep = ops.expand_dims(read_mask[:, -1], -1)
                 y = ops.where(keep, y, ops.zeros_like(y))
-        outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
-        if bad_rows is not None:
-            outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return y, states
 
     # ---------------------------------------------------------------- config
 
