@@ -62,7 +62,7 @@ def gather_time(x, index):
         return x
     flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
     offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
-    return ops.take(flat, ops.cast(index, "int32") + offsets, axis=0)
+    return _backend.take_rows(flat, ops.cast(index, "int32") + offsets)
 
 
 def reverse_sequence(x, lengths, axis=1):

@@ -6,7 +6,7 @@ import pytest
 from keras import ops
 
 from maskedrnn import ops as mops
-from tests.helpers import BACKEND, to_np
+from tests.helpers import BACKEND, loss_and_grads, to_np
 
 
 def np_reverse_sequence(x, lengths, axis=1):
@@ -244,6 +244,28 @@ def test_gather_time_matches_numpy_and_its_example():
     expected = np.stack([y[b, index[b]] for b in range(3)])
     np.testing.assert_array_equal(to_np(mops.gather_time(y, index)), expected)
     assert "gather_time" in mops.__all__
+
+
+def test_gather_time_gradient_adds_up_repeated_indices():
+    """The gradient of a gather is a scatter-add (numpy oracle): a step read
+    twice gets both cotangents, a step never read gets zero (on torch the
+    gather is `index_select`, `_backend.take_rows`)."""
+    index = np.array([[2, 2, 0, 2], [3, 1, 1, 0]], "int32")
+
+    class Gather(keras.layers.Layer):
+        def call(self, x):
+            return mops.gather_time(x, index)
+
+    x = np.random.default_rng(6).standard_normal((2, 4, 3)).astype("float32")
+    layer = Gather()
+    layer(x)  # built (JAX's stateless_call asks for it)
+    _, (grad,) = loss_and_grads(layer, x)
+    # loss_and_grads weights the output by this pattern (its fixed seed).
+    w = np.random.default_rng(123).standard_normal((2, 4, 3)).astype("float32")
+    expected = np.zeros_like(x)
+    for b in range(2):
+        np.add.at(expected[b], index[b], w[b])
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-6)
 
 
 def test_sequence_mask_with_all_lengths_negative_is_empty_like_tf():
