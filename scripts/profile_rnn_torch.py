@@ -12,18 +12,15 @@ time (the table of docs/results/profile-torch-rnn-<cell>-fwd.txt).
 import sys
 
 import keras
-import numpy as np
 import torch
+from rnn_cpu_batch import UNITS as units
+from rnn_cpu_batch import left_padded_batch
 
 import maskedrnn
 
 cell = sys.argv[1] if len(sys.argv) > 1 else "gru"
 torch.set_num_threads(1)
-rng = np.random.default_rng(0)
-batch, time, features, units = 32, 100, 64, 64
-lengths = rng.integers(20, time + 1, size=batch)
-mask = np.arange(time)[None, :] >= (time - lengths)[:, None]  # left-padded
-x = rng.standard_normal((batch, time, features)).astype("float32") * mask[..., None]
+x, mask, _ = left_padded_batch()
 inner = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM}[cell]
 layer = maskedrnn.MaskedRNN(inner(units, return_sequences=True))
 x, mask = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(mask)

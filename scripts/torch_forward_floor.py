@@ -28,18 +28,18 @@ import time
 import keras
 import numpy as np
 import torch
+from rnn_cpu_batch import BATCH as batch
+from rnn_cpu_batch import FEATURES as features
+from rnn_cpu_batch import TIME as time_steps
+from rnn_cpu_batch import UNITS as units
+from rnn_cpu_batch import left_padded_batch
 
 import maskedrnn
 from maskedrnn import _torch_kernels
 
 cell = sys.argv[1] if len(sys.argv) > 1 else "gru"
 torch.set_num_threads(1)
-rng = np.random.default_rng(0)
-batch, time_steps, features, units = 32, 100, 64, 64
-lengths = rng.integers(20, time_steps + 1, size=batch)
-mask_np = np.arange(time_steps)[None, :] >= (time_steps - lengths)[:, None]
-x_np = rng.standard_normal((batch, time_steps, features)).astype("float32")
-x_np *= mask_np[..., None]
+x_np, mask_np, lengths = left_padded_batch()
 x, mask = torch.from_numpy(x_np), torch.from_numpy(mask_np)
 keras_cls = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM}[cell]
 torch_cls = {"gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[cell]

@@ -109,11 +109,16 @@ def test_lengths_from_mask_and_padding():
     np.testing.assert_array_equal(to_np(mops.lengths_from_padding(feats)), [2, 4])
 
 
-def test_valid_first_order_is_a_stable_partition():
-    rng = np.random.default_rng(4)
-    mask = rng.random((6, 9)) > 0.4
+def holes_mask(seed):
+    """A random (6, 9) mask with holes, an all-padding row 0 and a full row 1."""
+    mask = np.random.default_rng(seed).random((6, 9)) > 0.4
     mask[0] = False
     mask[1] = True
+    return mask
+
+
+def test_valid_first_order_is_a_stable_partition():
+    mask = holes_mask(4)
     order, inverse, lengths = (to_np(t) for t in mops.valid_first_order(mask))
     for i in range(len(mask)):
         valid = np.flatnonzero(mask[i])
@@ -126,10 +131,7 @@ def test_valid_first_order_is_a_stable_partition():
 def test_valid_ranks_count_valid_steps_and_place_padded_ones_after():
     # numpy oracle: rank = running count of valid steps - 1; inverse sends
     # the k-th valid step to slot k and the k-th padded one to n + k.
-    rng = np.random.default_rng(5)
-    mask = rng.random((6, 9)) > 0.4
-    mask[0] = False
-    mask[1] = True
+    mask = holes_mask(5)
     rank, inverse, lengths = (to_np(t) for t in mops.valid_ranks(mask))
     np.testing.assert_array_equal(rank, np.cumsum(mask, axis=1) - 1)
     for i in range(len(mask)):
