@@ -58,7 +58,7 @@ class Harness:
     def tensor(self, array):
         return self.jax.device_put(array, self.device)
 
-    def keras_step(self, layer, mode, x, w, kwargs):
+    def keras_step(self, layer, mode, x, w, kwargs, post=None):
         jax = self.jax
         import jax.numpy as jnp
 
@@ -70,7 +70,7 @@ class Harness:
             y, _ = layer.stateless_call(
                 trainable, non_trainable, x, training=training, **kwargs
             )
-            return y
+            return y if post is None else post(y)
 
         if mode == "infer":
             step = jax.jit(forward)

@@ -54,13 +54,14 @@ class Harness:
         # tf.identity copies onto the device of the enclosing keras.device.
         return self.tf.identity(self.tf.constant(array))
 
-    def keras_step(self, layer, mode, x, w, kwargs):
+    def keras_step(self, layer, mode, x, w, kwargs, post=None):
         tf = self.tf
+        post = post or (lambda y: y)
         if mode == "infer":
 
             @tf.function
             def step(x, kwargs):
-                y = layer(x, training=False, **kwargs)
+                y = post(layer(x, training=False, **kwargs))
                 return y, tf.reduce_sum(y)
 
         else:
@@ -69,7 +70,7 @@ class Harness:
             def step(x, kwargs):
                 with tf.GradientTape() as tape:
                     tape.watch(x)
-                    y = layer(x, training=True, **kwargs)
+                    y = post(layer(x, training=True, **kwargs))
                     loss = tf.reduce_sum(y * w)
                 grads = tape.gradient(loss, [x] + layer.trainable_variables)
                 token = tf.add_n([loss] + [tf.reduce_sum(g) for g in grads])

@@ -74,11 +74,12 @@ class Harness:
 
         return step
 
-    def keras_step(self, layer, mode, x, w, kwargs):
+    def keras_step(self, layer, mode, x, w, kwargs, post=None):
         params = [v.value for v in layer.trainable_variables]
         training = mode == "train"
+        post = post or (lambda y: y)
         return self._step(
-            lambda x: layer(x, training=training, **kwargs), params, mode, x, w
+            lambda x: post(layer(x, training=training, **kwargs)), params, mode, x, w
         )
 
     def torch_module(self, cell, keras_layers, units, bidirectional=True):

@@ -76,29 +76,6 @@ def make_cell(cell, units, return_state=False, **kwargs):
     return cls(units, return_sequences=True, return_state=return_state, **kwargs)
 
 
-class StatesIntoSequence(keras.layers.Layer):
-    """`--return-state`: wraps a bidirectional layer that returns
-    `[sequence, forward states..., backward states...]` and returns one
-    `(batch, time, 2 * units)` tensor, the sequence plus, broadcast over
-    time, each state kind with its two directions concatenated. So the
-    timed output, the loss and the checks all depend on the final states.
-    """
-
-    def __init__(self, layer, directions=2, **kwargs):
-        super().__init__(**kwargs)
-        self.layer = layer
-        self.directions = directions
-        self.supports_masking = True  # `mask=` goes on to `layer`
-
-    def build(self, input_shape):
-        if not self.layer.built:
-            self.layer.build(input_shape)
-
-    def call(self, x, **kwargs):
-        outputs = self.layer(x, **kwargs)
-        return states_into_sequence(*outputs, directions=self.directions)
-
-
 class Stacked(keras.layers.Layer):
     """`--layers N`: bidirectional layers called one after the other, each
     with the same call arguments (`mask=` or `lengths=`), as a user stacks
@@ -122,7 +99,15 @@ class Stacked(keras.layers.Layer):
 
 def states_into_sequence(sequence, *states, directions=2):
     """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps
-    (`directions=1`: `sequence + state_k`)."""
+    (`directions=1`: `sequence + state_k`).
+
+    `--return-state`: applied to the outputs `[sequence, forward states...,
+    backward states...]` of every implementation, Keras' and PyTorch's alike,
+    so that the timed output, the loss and the checks all depend on the
+    final states. A plain function inside each timed step, not a Keras layer
+    around the timed one: a wrapper layer's `Layer.__call__` (about 0.2-0.3 ms
+    on eager torch, scripts/torch_forward_floor.py) would be charged to the
+    Keras implementations only."""
     if directions == 1:
         for state in states:
             sequence = sequence + keras.ops.expand_dims(state, 1)
@@ -260,15 +245,12 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             keras_timed = Stacked(keras_layers, name="keras_stacked")
             ours_timed.build((None, None, d))
             keras_timed.build((None, None, d))
+        with_states = None
         if args.return_state:
-            ours_timed = StatesIntoSequence(
-                ours_timed, directions, name="ours_with_states"
-            )
-            keras_timed = StatesIntoSequence(
-                keras_timed, directions, name="keras_with_states"
-            )
-            ours_timed.build((None, None, d))
-            keras_timed.build((None, None, d))
+
+            def with_states(outputs):
+                return states_into_sequence(*outputs, directions=directions)
+
         # Weights from --seed, the same on every backend, different in each
         # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
         bound = 1 / math.sqrt(u)
@@ -282,14 +264,18 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
 
         def make_step(name, mode):
             if name == "maskedrnn":
-                return harness.keras_step(ours_timed, mode, x, w, {"mask": mask})
+                return harness.keras_step(
+                    ours_timed, mode, x, w, {"mask": mask}, with_states
+                )
             if name == "maskedrnn_lengths":
                 kwargs = {"lengths": lengths_t}
-                return harness.keras_step(ours_timed, mode, x, w, kwargs)
+                return harness.keras_step(ours_timed, mode, x, w, kwargs, with_states)
             if name == "keras_masked":
-                return harness.keras_step(keras_timed, mode, x, w, {"mask": mask})
+                return harness.keras_step(
+                    keras_timed, mode, x, w, {"mask": mask}, with_states
+                )
             if name == "keras_unmasked":
-                return harness.keras_step(keras_timed, mode, x, w, {})
+                return harness.keras_step(keras_timed, mode, x, w, {}, with_states)
             torch_module = harness.torch_module(
                 args.cell, keras_layers, u, bidirectional=directions == 2
             )
