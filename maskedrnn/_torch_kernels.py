@@ -162,18 +162,21 @@ def run(inner, x, initial_state, lengths, packed):
         return _run_packed(inner, x, states, lengths)
     # PyTorch's states are (num_layers * num_directions, batch, units).
     params, fn, hx = _kernel(inner, [state[None] for state in states])
-    outputs = fn(
-        x,
-        hx,
-        params,
+    # Unpacked form: (input, hx, params, *flags, batch_first); x is
+    # (batch, time, features).
+    outputs = fn(x, hx, params, *_flags(cell), True)
+    return outputs[0], None
+
+
+def _flags(cell):
+    """The arguments both kernel forms take after `params`."""
+    return (
         cell.use_bias,  # has_biases: params holds biases only then
         1,  # num_layers
         0.0,  # dropout between layers (one layer: none)
         torch.is_grad_enabled(),  # train: keep what backward needs
         False,  # bidirectional: one direction per call
-        True,  # batch_first: x is (batch, time, features)
     )
-    return outputs[0], None
 
 
 def _kernel(inner, hx):
@@ -217,17 +220,8 @@ def _run_packed(inner, x, states, lengths):
     active = sorted_rows[: int(batch_sizes[0])]
     hx = [state.index_select(0, active)[None] for state in states]
     params, fn, hx = _kernel(inner, hx)
-    packed_out, *final = fn(
-        data,
-        batch_sizes,
-        hx,
-        params,
-        cell.use_bias,  # has_biases: params holds biases only then
-        1,  # num_layers
-        0.0,  # dropout between layers (one layer: none)
-        torch.is_grad_enabled(),  # train: keep what backward needs
-        False,  # bidirectional: one direction per call
-    )
+    # Packed form: (data, batch_sizes, hx, params, *flags).
+    packed_out, *final = fn(data, batch_sizes, hx, params, *_flags(cell))
     # Back to (batch, time, units): each packed row to its (row, t) slot,
     # zeros at the padded steps.
     outputs = packed_out.new_zeros((batch * time, units)).index_copy(
