@@ -116,7 +116,8 @@ def run_keras_masked(inner, x, initial_state, training, steps):
 
 def states_reason(inner):
     """None, or why an LSTM whose final states are wanted runs Keras' masked
-    loop on the valid-first data instead of running unmasked.
+    loop (on the batch as it is, `direction.run_masked_loop`) instead of
+    running unmasked.
 
     On TensorFlow and JAX without a GPU Keras has no fused LSTM kernel: its
     unmasked and masked LSTM both run its generic step loop, at nearly the
@@ -148,8 +149,8 @@ def choose(inner, where, want_states=False):
             forward).
         where: A tensor or variable whose device decides on torch.
         want_states: Whether the caller needs the final states (an LSTM on
-            TensorFlow or JAX without a GPU then runs Keras' masked loop on
-            the valid-first data, see `states_reason`). Defaults to `False`.
+            TensorFlow or JAX without a GPU then runs Keras' masked loop,
+            see `states_reason`). Defaults to `False`.
 
     Returns:
         A tuple `(runner, reason)`: one of the `run_*` functions of this
