@@ -199,6 +199,12 @@ def _tf_buckets(data, boundaries, batch_size, seed):
     ).prefetch(tf.data.AUTOTUNE)
 
 
+def _padded_steps(ds):
+    """Time steps the RNN runs in epoch 0 of `ds`, padding included: each
+    batch's rows times the boundary it is padded to."""
+    return sum(len(b) * ds.sampler.boundary_of(b) for b in ds.sampler.batches(epoch=0))
+
+
 def _record_shapes(ds):
     """Makes `ds` record the `(rows, padded length)` of every batch it
     builds, in order, in `ds.fetched`."""
@@ -285,7 +291,7 @@ def measure_one_fit(
                     carry_remainder=name != "bucketed",
                 )
                 batches = ds.sampler.batches(epoch=0)
-                steps = sum(len(b) * ds.sampler.boundary_of(b) for b in batches)
+                steps = _padded_steps(ds)
                 slots = sum(ds.sampler.boundary_of(b) for b in batches)
                 run["boundaries"] = ds.boundaries
                 _record_shapes(ds)
@@ -471,9 +477,7 @@ def measure(task, seeds, epochs, batch_size, units, num_buckets, n_train, n_test
             num_buckets=num_buckets,
             seed=seed,
         )
-        steps = sum(
-            len(b) * ds.sampler.boundary_of(b) for b in ds.sampler.batches(epoch=0)
-        )
+        steps = _padded_steps(ds)
         keras.utils.set_random_seed(seed)
         bucketed = _build(task, units)
         padded = _build(task, units)

@@ -222,8 +222,13 @@ def in_place(y, steps):
     else:
         index = steps.inverse
         valid = index < ops.expand_dims(steps.lengths, 1)
-    # Padded positions read the appended zero step.
-    index = ops.where(valid, index, ops.cast(time, "int32"))
+    return gather_or_zero(y, index, valid)
+
+
+def gather_or_zero(y, index, keep):
+    """`gather_time(y, index)` where `keep` is True, zeros elsewhere: the
+    positions not kept read the appended zero step (`with_zero_step`)."""
+    index = ops.where(keep, index, ops.cast(ops.shape(y)[1], "int32"))
     return mops.gather_time(with_zero_step(y), index)
 
 
@@ -251,13 +256,10 @@ def held(y, read_mask, zero_output_for_mask=False, rank=None):
     """
     if rank is None:
         rank = ops.cumsum(ops.cast(read_mask, "int32"), axis=1) - 1
-    hold = rank
-    keep = hold >= 0
+    keep = rank >= 0
     if zero_output_for_mask:
         keep = ops.logical_and(keep, read_mask)
-    # Positions that output zeros read the appended zero step.
-    index = ops.where(keep, hold, ops.cast(ops.shape(y)[1], "int32"))
-    return mops.gather_time(with_zero_step(y), index)
+    return gather_or_zero(y, rank, keep)
 
 
 def state_sizes(inner):
