@@ -22,6 +22,8 @@ calls its Keras inner layer as on the other backends (exact as well, slower
 on CPU), and `MaskedBidirectional.kernel_info()` reports which path runs.
 """
 
+import weakref
+
 import keras
 import torch
 
@@ -154,12 +156,13 @@ def run(inner, x, initial_state, lengths, packed):
         after each row's last valid step (the initial state for a row with
         no valid step), else None.
     """
+    if packed:
+        packing = Packing.from_lengths(lengths, x.shape[1])
+        return _run_packed(inner, x, initial_state, packing, False, "zeros")
     cell = inner.cell
     dtype = _tensor(cell.kernel).dtype
     x = _tensor(x).to(dtype)
     states = [_tensor(state).to(dtype) for state in initial_state]
-    if packed:
-        return _run_packed(inner, x, states, lengths)
     # PyTorch's states are (num_layers * num_directions, batch, units).
     params, fn, hx = _kernel(inner, [state[None] for state in states])
     # Unpacked form: (input, hx, params, *flags, batch_first); x is
@@ -185,54 +188,218 @@ def _kernel(inner, hx):
     cell = inner.cell
     kind = type(inner)
     if kind is LSTM:
-        return _plain_params(cell), torch.lstm, tuple(hx)
+        return _params(cell, _plain_params), torch.lstm, tuple(hx)
     if kind is GRU:
-        return _gru_params(cell), torch.gru, hx[0]
+        return _params(cell, _gru_params), torch.gru, hx[0]
     fn = torch.rnn_tanh if cell.activation in _TANH else torch.rnn_relu
-    return _plain_params(cell), fn, hx[0]
+    return _params(cell, _plain_params), fn, hx[0]
 
 
-def _run_packed(inner, x, states, lengths):
-    """`run(..., packed=True)` for `x` and `states` already in the weights'
-    dtype."""
+# cell -> (source tensors, their versions, params): the kernel's params made
+# without gradients, kept while the weights are unchanged.
+_NO_GRAD_PARAMS = weakref.WeakKeyDictionary()
+
+
+def _params(cell, make):
+    """`make(cell)`, the kernel's params in PyTorch's layout.
+
+    With gradients recorded they are made on every call (autograd must
+    connect them to the Keras variables). Without (inference), they are
+    made once and reused while every weight tensor is the same object at
+    the same version: PyTorch bumps a tensor's `_version` on each in-place
+    write, which is how Keras assigns a variable (`assign`, `set_weights`,
+    optimizer steps), so changed weights are never missed. This saves the
+    transposes (and the GRU's gate reorder) on each inference call.
+    """
+    if torch.is_grad_enabled():
+        return make(cell)
+    sources = [_tensor(cell.kernel), _tensor(cell.recurrent_kernel)]
+    if cell.use_bias:
+        sources.append(_tensor(cell.bias))
+    versions = [t._version for t in sources]
+    cached = _NO_GRAD_PARAMS.get(cell)
+    if (
+        cached is not None
+        and all(a is b for a, b in zip(cached[0], sources))
+        and cached[1] == versions
+    ):
+        return cached[2]
+    params = make(cell)
+    _NO_GRAD_PARAMS[cell] = (sources, versions, params)
+    return params
+
+
+class Packing:
+    """Where each valid step of a masked batch sits in PyTorch's packed layout.
+
+    PyTorch's packed kernels read a `PackedSequence`'s layout: time-major,
+    rows sorted by decreasing length, `batch_sizes[k]` rows at step `k`, so
+    the `k`-th step read by the row in sorted slot `j` is packed row
+    `offsets[k] + j`. A `Packing` derives that layout once per call from the
+    batch's mask in the caller's order (any pattern: left or right padding,
+    holes, all-padding rows), so that a direction gathers its packed input
+    straight from the caller's `x` and puts each output straight back where
+    the caller wants it: no valid-first copy in between, and about a dozen
+    torch ops around the kernel instead of PyTorch's
+    `pack_padded_sequence`/`pad_packed_sequence` pair with a reordering on
+    each side. Both directions of a bidirectional layer share it.
+
+    Args:
+        mask: Bool `(batch, time)` tensor on the CPU: True at valid steps,
+            in the order of the `x` the directions will read.
+
+    Attributes:
+        batch, time: Python ints.
+        steps: Python int, the longest row's length (0: no valid step).
+        batch_sizes: Int64 `(steps,)` on the CPU, as the kernels want it.
+        active: Int64 `(batch_sizes[0],)`: the rows with at least one valid
+            step, in sorted order (the kernel's final states are theirs).
+    """
+
+    def __init__(self, mask):
+        mask = _tensor(mask).to(torch.bool)
+        self.batch, self.time = mask.shape[0], mask.shape[1]
+        self.mask = mask
+        # count[b, t]: valid steps of row b at or before t.
+        self.count = torch.cumsum(mask, 1)
+        self.lengths = self.count[:, -1]
+        sorted_lengths, sorted_rows = torch.sort(
+            self.lengths, descending=True, stable=True
+        )
+        self.steps = int(sorted_lengths[0]) if self.batch else 0
+        # Flat `b * time + t` of every valid step, row by row.
+        self.valid = mask.reshape(-1).nonzero().squeeze(1)
+        self.total = self.valid.shape[0]
+        if self.steps == 0:
+            return
+        k = torch.arange(self.steps)
+        self.batch_sizes = (k[:, None] < sorted_lengths[None, :]).sum(1)
+        # offsets[k]: packed rows before step k.
+        self.offsets = torch.cumsum(self.batch_sizes, 0) - self.batch_sizes
+        # slot[b]: row b's place in the sorted order.
+        self.slot = torch.empty_like(sorted_rows)
+        self.slot[sorted_rows] = torch.arange(self.batch)
+        self.active = sorted_rows[: int(self.batch_sizes[0])]
+
+    @classmethod
+    def from_lengths(cls, lengths, time):
+        """Right-padded data: row `i` has `lengths[i]` valid steps first."""
+        lengths = _tensor(lengths).to("cpu", torch.int64)
+        return cls(torch.arange(time)[None, :] < lengths[:, None])
+
+    def index(self, reverse=False):
+        """Int64 `(total,)`: packed row `p` reads flat step `index[p]` of `x`.
+
+        The forward direction reads each row's valid steps in order; with
+        `reverse=True` in reverse order, each row by its own length (a
+        backward direction reads `3 2 1`, not `0 0 3 2 1`).
+        """
+        rows = torch.div(self.valid, self.time, rounding_mode="floor")
+        count = self.count.reshape(-1)[self.valid]  # 1 .. length, in order
+        rank = self.lengths[rows] - count if reverse else count - 1
+        packed_row = self.offsets[rank] + self.slot[rows]
+        return torch.empty_like(self.valid).scatter_(0, packed_row, self.valid)
+
+    def held_index(self, zero_output_for_mask=False):
+        """`(index, keep)`, each `(batch * time,)`: the packed row each step
+        of the caller's order outputs under Keras' `RNN` convention (the
+        last valid step at or before it), and False where it outputs zeros
+        instead (before a row's first valid step and, with
+        `zero_output_for_mask`, at every masked step; `index` is then a
+        valid row to read, whose value is dropped)."""
+        rank = self.count - 1
+        keep = rank >= 0
+        if zero_output_for_mask:
+            keep = keep & self.mask
+        held = self.offsets[rank.clamp(min=0)] + self.slot[:, None]
+        # Row 0 for the steps not kept (an empty row's slot may lie past the
+        # last packed row).
+        held = torch.where(keep, held, 0)
+        return held.reshape(-1), keep.reshape(-1)
+
+
+def run_packed(inner, x, initial_state, packing, reverse=False, place="zeros"):
+    """Runs one direction of a masked batch on `inner`'s packed kernel, from
+    and back to the caller's order: gather the valid steps packed, run the
+    kernel, put the outputs in place. The torch-only twin of
+    `direction.run` followed by the placement the layer asks for (the same
+    results, `tests/test_torch_kernels.py`).
+
+    Call only when `unavailable_reason(inner, x)` is None and no gradient is
+    recorded (`packed_preferred`).
+
+    Args:
+        inner: The inner LSTM, GRU or SimpleRNN layer.
+        x: Float tensor `(batch, time, features)` in the caller's order; its
+            padded steps are never read.
+        initial_state: List of `(batch, units)` tensors (`[h, c]` for an
+            LSTM, `[h]` otherwise), or None for zeros.
+        packing: The batch's `Packing`.
+        reverse: Bool, whether this direction reads each row's valid steps
+            last to first (a bidirectional layer's backward direction).
+            Defaults to `False`.
+        place: Where the outputs go, in the caller's order: `"zeros"` (each
+            valid step's own output, zeros at masked steps: the
+            `Bidirectional` convention, `direction.in_place`), `"held"` or
+            `"held_zeros"` (Keras' `RNN` convention, `direction.held`, without
+            and with `zero_output_for_mask`; forward reading only), `"last"`
+            (the output after each row's last valid step, zeros for a row
+            with none: `direction.last_output`). Defaults to `"zeros"`.
+
+    Returns:
+        `(outputs, states)`: outputs `(batch, time, units)`, or `(batch,
+        units)` for `"last"`, and the list of states after each row's last
+        valid step (the initial state for a row with no valid step).
+    """
+    if place not in _PLACES:
+        raise ValueError(f"place must be one of {_PLACES}; got {place!r}")
+    return _run_packed(inner, x, initial_state, packing, reverse, place)
+
+
+_PLACES = ("zeros", "held", "held_zeros", "last")
+
+
+def _run_packed(inner, x, initial_state, packing, reverse, place):
     cell = inner.cell
-    batch, time = x.shape[0], x.shape[1]
-    lengths = _tensor(lengths).to("cpu", torch.int64)
-    # Rows by decreasing length; ties keep their order (any order would do).
-    sorted_lengths, sorted_rows = torch.sort(lengths, descending=True, stable=True)
-    steps = int(sorted_lengths[0]) if batch else 0
+    dtype = _tensor(cell.kernel).dtype
     units = _tensor(cell.recurrent_kernel).shape[0]
-    if steps == 0:
+    batch, time = packing.batch, packing.time
+    x = _tensor(x).to(dtype)
+    if initial_state is None:
+        sizes = 2 if type(inner) is LSTM else 1
+        states = [x.new_zeros((batch, units)) for _ in range(sizes)]
+    else:
+        states = [_tensor(state).to(dtype) for state in initial_state]
+    if packing.steps == 0:
         # No row has a valid step: no kernel call, zeros and the initial
-        # states (the layers pack only when no gradient is recorded,
-        # `packed_preferred`, so nothing needs to flow back from here).
-        return x.new_zeros((batch, time, units)), states
-    # packed[k] = x[row, t] for the k-th (t, row) pair, t-major, rows in
-    # sorted order, kept while t < that row's length: PyTorch's packed layout.
-    t = torch.arange(steps)
-    flat = sorted_rows[None, :] * time + t[:, None]  # (steps, batch)
-    keep = t[:, None] < sorted_lengths[None, :]
-    index = flat[keep]
-    batch_sizes = keep.sum(1)  # int64 on the CPU, as the kernel requires
+        # states (nothing flows back: this runs without gradients).
+        shape = (batch, units) if place == "last" else (batch, time, units)
+        return x.new_zeros(shape), states
+    index = packing.index(reverse)
     data = x.reshape(batch * time, x.shape[2]).index_select(0, index)
     # PyTorch's states are (num_layers * num_directions, rows, units), for
-    # the rows that have at least one step (batch_sizes[0] of them).
-    active = sorted_rows[: int(batch_sizes[0])]
-    hx = [state.index_select(0, active)[None] for state in states]
+    # the rows that have at least one step.
+    hx = [state.index_select(0, packing.active)[None] for state in states]
     params, fn, hx = _kernel(inner, hx)
     # Packed form: (data, batch_sizes, hx, params, *flags).
-    packed_out, *final = fn(data, batch_sizes, hx, params, *_flags(cell))
-    # Back to (batch, time, units): each packed row to its (row, t) slot,
-    # zeros at the padded steps.
-    outputs = packed_out.new_zeros((batch * time, units)).index_copy(
-        0, index, packed_out
-    )
+    out, *final = fn(data, packing.batch_sizes, hx, params, *_flags(cell))
     # Final states of the active rows into their places; the others keep
     # their initial state.
+    active = packing.active
     states = [
         state.index_copy(0, active, last[0]) for state, last in zip(states, final)
     ]
-    return outputs.reshape(batch, time, units), states
+    if place == "last":
+        # An RNN's output is its h: the output after the last valid step is
+        # the final h, zeros for a row with no valid step.
+        last = out.new_zeros((batch, units)).index_copy(0, active, final[0][0])
+        return last, states
+    if place == "zeros":
+        y = out.new_zeros((batch * time, units)).index_copy(0, index, out)
+    else:  # "held" or "held_zeros"
+        held, keep = packing.held_index(zero_output_for_mask=place == "held_zeros")
+        y = out.index_select(0, held).masked_fill_(~keep[:, None], 0.0)
+    return y.reshape(batch, time, units), states
 
 
 def _tensor(variable):

@@ -21,9 +21,30 @@ as in tests/test_bench.py) cover that with margin and stay far below the
 differences a wrong mask makes (1e-1 and more, which the tests also check).
 On a CPU none of this changes anything: there is no TF32 there, and XLA's
 CPU matmuls are full float32 at any precision setting.
+
+The `grad_mode` fixture runs a torch test twice, with gradients recorded and
+without: on a CPU those are two different code paths of the layers (the
+unpacked kernel over valid-first data, and the packed kernel reading the
+caller's order, `maskedrnn._torch_kernels.run_packed`).
 """
 
 import keras
+import pytest
+
+GRAD_MODES = ["grad", "no_grad"] if keras.backend.backend() == "torch" else ["-"]
+
+
+@pytest.fixture(params=GRAD_MODES)
+def grad_mode(request):
+    """On torch: the test body runs with gradients recorded ("grad") or not
+    ("no_grad", inference). On other backends: once, unchanged ("-")."""
+    if request.param == "-":
+        yield request.param
+        return
+    import torch
+
+    with torch.set_grad_enabled(request.param == "grad"):
+        yield request.param
 
 
 def pytest_configure(config):

@@ -201,6 +201,25 @@ def spy_masks(inner_layers):
     return seen
 
 
+def spy_native_kernels(monkeypatch):
+    """Records the inner layer of every call of PyTorch's native kernels
+    (`maskedrnn._torch_kernels.run`, over valid-first data, and `run_packed`,
+    a whole direction from the caller's order); returns the list (torch
+    backend only)."""
+    from maskedrnn import _torch_kernels
+
+    calls = []
+    for name in ("run", "run_packed"):
+        original = getattr(_torch_kernels, name)
+
+        def spy(inner, *args, _original=original, **kwargs):
+            calls.append(inner)
+            return _original(inner, *args, **kwargs)
+
+        monkeypatch.setattr(_torch_kernels, name, spy)
+    return calls
+
+
 def save_and_load(model):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")

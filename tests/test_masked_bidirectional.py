@@ -85,7 +85,7 @@ OUTPUT_CASES = [(m, True, True) for m in MERGE_MODES] + [
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("merge_mode, return_sequences, return_state", OUTPUT_CASES)
 def test_matches_keras_bidirectional_with_mask(
-    kind, merge_mode, return_sequences, return_state
+    kind, merge_mode, return_sequences, return_state, grad_mode
 ):
     ours, ref = pair(
         kind,
@@ -121,7 +121,7 @@ def test_gradients_match_keras_last_output(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_lengths_equal_right_padded_mask(kind):
+def test_lengths_equal_right_padded_mask(kind, grad_mode):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x = make_inputs(3)
     lengths = np.array([7, 3, 0, 1, 5, 7], "int32")
@@ -139,7 +139,7 @@ def test_no_mask_equals_unmasked_bidirectional():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_initial_state(kind):
+def test_initial_state(kind, grad_mode):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(5), mask_patterns()
     n = 4 if kind == "lstm" else 2

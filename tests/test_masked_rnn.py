@@ -26,6 +26,7 @@ from tests.helpers import (
     run_layer_test,
     run_python,
     save_and_load,
+    spy_native_kernels,
     to_np,
 )
 
@@ -71,7 +72,7 @@ OPTION_IDS = [
 
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_matches_keras_layer_with_mask_lengths_and_no_mask(kind, options):
+def test_matches_keras_layer_with_mask_lengths_and_no_mask(kind, options, grad_mode):
     """Outputs and states equal the wrapped layer's with the same mask (every
     pattern in one batch); `lengths` equal its right-padded mask and win over
     a mask; no mask equals the unmasked layer."""
@@ -119,7 +120,7 @@ def _before_first_valid_step(mask, go_backwards):
 
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_initial_state_matches_keras(kind, go_backwards):
+def test_initial_state_matches_keras(kind, go_backwards, grad_mode):
     """States start from `initial_state`; an all-padding row returns it. On
     TensorFlow and torch, Keras outputs zeros before a row's first valid step
     whatever the initial state, as ours does; Keras' JAX backend repeats the
@@ -147,7 +148,7 @@ def test_initial_state_matches_keras(kind, go_backwards):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_input_dropout_matches_keras(kind):
+def test_input_dropout_matches_keras(kind, grad_mode):
     """Training with input dropout: freeze the dropout mask on both layers and
     compare outputs and states (the LSTM cell state is recomputed from the
     dropped inputs)."""
@@ -222,7 +223,7 @@ def test_worked_example_held_outputs_and_go_backwards():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_matches_pytorch_packed_sequence(kind):
+def test_matches_pytorch_packed_sequence(kind, grad_mode):
     """`torch.nn.LSTM/GRU` on a `PackedSequence` (weights moved with
     `maskedrnn.convert`, which its own tests check against PyTorch): outputs
     (zeros at padding with `zero_output_for_mask=True`, as PyTorch pads) and
@@ -300,16 +301,7 @@ def test_wrapped_rnn_never_receives_a_mask(kind, monkeypatch):
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
 def test_torch_cpu_runs_pytorch_native_kernel_without_keras_layer(kind, monkeypatch):
-    from maskedrnn import _torch_kernels
-
-    calls = []
-    original = _torch_kernels.run
-
-    def spy(inner, *args):
-        calls.append(inner)
-        return original(inner, *args)
-
-    monkeypatch.setattr(_torch_kernels, "run", spy)
+    calls = spy_native_kernels(monkeypatch)
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     seen = _spy_masks(ours)
     x, mask = make_inputs(), mask_patterns()

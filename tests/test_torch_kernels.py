@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, convert
-from tests.helpers import assert_close, loss_and_grads, to_np
+from tests.helpers import assert_close, loss_and_grads, spy_native_kernels, to_np
 
 if keras.backend.backend() != "torch":
     pytest.skip(
@@ -101,16 +101,9 @@ def inputs(seed=0):
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """Records the inner layers `_torch_kernels.run` is called with."""
-    calls = []
-    original = _torch_kernels.run
-
-    def spy(inner, *args):
-        calls.append(inner)
-        return original(inner, *args)
-
-    monkeypatch.setattr(_torch_kernels, "run", spy)
-    return calls
+    """Records the inner layers `_torch_kernels.run` and `run_packed` are
+    called with."""
+    return spy_native_kernels(monkeypatch)
 
 
 # -------------------------------------------------------- the native path
@@ -221,6 +214,198 @@ def test_native_kernel_matches_pytorch_packed_sequence(kind, grad_mode):
     expected = [h[0] for h in hidden] + [h[1] for h in hidden]
     for got, want in zip(states, expected):
         np.testing.assert_allclose(to_np(got), want.numpy(), atol=1e-5)
+
+
+# ------------------------------------------- the packed layout, run_packed
+
+
+def _pack_oracle(mask, reverse):
+    """PyTorch's own packing of each row's valid steps (in order, or last to
+    first): `pack_padded_sequence` over step ids `b * T + t` moved
+    valid-first by numpy, rows of distinct lengths so the order is unique.
+    Empty rows are left out (PyTorch refuses them; nothing of theirs is
+    packed). Returns (packed ids, batch_sizes)."""
+    batch, time = mask.shape
+    rows = []
+    for b in range(batch):
+        ids = [b * time + t for t in range(time) if mask[b, t]]
+        if ids:
+            rows.append(ids[::-1] if reverse else ids)
+    lengths = [len(r) for r in rows]
+    padded = np.zeros((len(rows), time), "int64")
+    for b, r in enumerate(rows):
+        padded[b, : len(r)] = r
+    packed = torch.nn.utils.rnn.pack_padded_sequence(
+        torch.tensor(padded), torch.tensor(lengths), batch_first=True,
+        enforce_sorted=False,
+    )
+    return packed.data.numpy(), packed.batch_sizes.numpy()
+
+
+# Distinct lengths 5, 2, 0, 3, 4, 1: left and right padding, holes, a full
+# row's worth, an empty row.
+PACK_MASK = np.array(
+    [
+        [1, 1, 1, 1, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+        [0, 0, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 1],
+        [0, 1, 1, 1, 1, 0],
+        [0, 0, 1, 0, 0, 0],
+    ],
+    bool,
+)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_packing_matches_pack_padded_sequence(reverse):
+    """`Packing.index` reads, straight from the caller's order, the steps
+    PyTorch's `pack_padded_sequence` packs from valid-first data."""
+    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
+    ids, batch_sizes = _pack_oracle(PACK_MASK, reverse)
+    np.testing.assert_array_equal(packing.index(reverse).numpy(), ids)
+    np.testing.assert_array_equal(packing.batch_sizes.numpy(), batch_sizes)
+    assert packing.batch_sizes.dtype == torch.int64
+    np.testing.assert_array_equal(
+        packing.active.numpy(), [0, 4, 3, 1, 5]  # by decreasing length
+    )
+
+
+@pytest.mark.parametrize("zero_output_for_mask", [False, True])
+def test_packing_held_index_is_keras_rnn_convention(zero_output_for_mask):
+    """`held_index`: each step reads the packed row of the last valid step at
+    or before it (numpy loop over the packed ids); zeros (keep False) before
+    the first and, with `zero_output_for_mask`, at masked steps."""
+    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
+    ids, _ = _pack_oracle(PACK_MASK, False)
+    where = {int(flat_id): p for p, flat_id in enumerate(ids)}
+    batch, time = PACK_MASK.shape
+    expected = np.full((batch, time), -1)
+    for b in range(batch):
+        last = None
+        for t in range(time):
+            if PACK_MASK[b, t]:
+                last = where[b * time + t]
+            if last is not None and (PACK_MASK[b, t] or not zero_output_for_mask):
+                expected[b, t] = last
+    index, keep = packing.held_index(zero_output_for_mask)
+    index, keep = index.numpy().reshape(batch, time), keep.numpy().reshape(batch, time)
+    np.testing.assert_array_equal(keep, expected >= 0)
+    np.testing.assert_array_equal(index[keep], expected[keep])
+    assert index.min() >= 0 and index.max() < len(ids)  # always a row to read
+
+
+@pytest.mark.parametrize("place", ["held", "held_zeros", "zeros", "last"])
+def test_run_packed_with_one_valid_step_in_a_batch_of_empty_rows(place):
+    """Fewer packed rows (1) than batch rows: every placement still reads
+    only packed rows that exist."""
+    mask = np.zeros((4, 5), bool)
+    mask[2, 3] = True
+    layer = keras.layers.GRU(U, return_sequences=True, return_state=True)
+    layer.build((None, None, D))
+    x = torch.tensor(np.random.default_rng(0).standard_normal((4, 5, D)))
+    x = x.to(torch.float32)
+    packing = _torch_kernels.Packing(torch.tensor(mask))
+    with torch.no_grad():
+        y, states = _torch_kernels.run_packed(layer, x, None, packing, place=place)
+        ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask)))
+    np.testing.assert_allclose(states[0].numpy(), h, atol=1e-6)
+    if place == "last":
+        np.testing.assert_allclose(y.numpy(), h, atol=1e-6)
+        return
+    y = y.numpy()
+    np.testing.assert_allclose(y[2, 3], ref[2, 3], atol=1e-6)
+    # After the valid step: held by Keras' RNN convention, else zeros.
+    after = ref[2, 3] if place == "held" else np.zeros(U)
+    np.testing.assert_allclose(y[2, 4], after, atol=1e-6)
+    others = np.ones((4, 5), bool)
+    others[2, 3:] = False
+    assert not y[others].any()
+
+
+def test_packing_of_an_all_padding_batch_runs_no_kernel():
+    packing = _torch_kernels.Packing(torch.zeros((3, 4), dtype=torch.bool))
+    assert packing.steps == 0 and packing.total == 0
+    layer = keras.layers.GRU(U, return_sequences=True, return_state=True)
+    layer.build((None, None, D))
+    h0 = torch.ones((3, U))
+    with torch.no_grad():
+        y, states = _torch_kernels.run_packed(
+            layer, torch.ones((3, 4, D)), [h0], packing, place="held"
+        )
+    assert tuple(y.shape) == (3, 4, U) and not y.any()
+    np.testing.assert_array_equal(states[0].numpy(), h0.numpy())
+
+
+def test_run_packed_rejects_an_unknown_place():
+    layer = keras.layers.GRU(U)
+    layer.build((None, None, D))
+    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
+    with pytest.raises(ValueError, match="place must be one of"):
+        x = torch.ones((6, 6, D))
+        _torch_kernels.run_packed(layer, x, None, packing, place="x")
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the packed path is the CPU's")
+@pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
+def test_inference_runs_each_direction_packed_from_the_callers_order(
+    wrapper, monkeypatch
+):
+    """Without gradients, a masked call runs `run_packed` once per direction
+    on the caller's (unreordered) data, and `run` never; with gradients,
+    `run` (unpacked, valid-first) and never `run_packed`."""
+    from maskedrnn import MaskedRNN
+
+    calls = []
+    for name in ("run", "run_packed"):
+        original = getattr(_torch_kernels, name)
+
+        def spy(inner, x, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, x))
+            return _original(inner, x, *args, **kwargs)
+
+        monkeypatch.setattr(_torch_kernels, name, spy)
+    make = NATIVE["gru"]
+    if wrapper == "rnn":
+        ours = MaskedRNN(make(return_sequences=True))
+    else:
+        ours = MaskedBidirectional(make(return_sequences=True))
+    x = torch.tensor(inputs(6))
+    with torch.no_grad():
+        ours(x, mask=MASK)
+    directions = 1 if wrapper == "rnn" else 2
+    assert [name for name, _ in calls] == ["run_packed"] * directions
+    assert all(seen is x for _, seen in calls)  # no valid-first copy
+    calls.clear()
+    ours(x, mask=MASK)
+    assert [name for name, _ in calls] == ["run"] * directions
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_inference_params_follow_every_weight_change(kind):
+    """The kernel's params are reused between calls without gradients; a
+    changed weight (set_weights, an in-place assign, an optimizer step) is
+    never missed."""
+    ours, ref = pair(NATIVE[kind])
+    x = inputs(7)
+    rng = np.random.default_rng(11)
+    with torch.no_grad():
+        ours(x, mask=MASK)  # params made and kept
+        new = [
+            rng.uniform(-0.5, 0.5, w.shape).astype("float32")
+            for w in ours.get_weights()
+        ]
+        ours.set_weights(new)
+        ref.set_weights(new)
+        assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
+        for layer in (ours, ref):
+            layer.forward_layer.cell.kernel.assign(new[0] * 0.5)
+        assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
+    for layer in (ours, ref):
+        grads = [torch.ones_like(v.value) for v in layer.trainable_variables]
+        keras.optimizers.SGD(0.5).apply(grads, layer.trainable_variables)
+    with torch.no_grad():
+        assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
 
 
 # ------------------------------------------------ refused up front, visibly

@@ -15,7 +15,8 @@ tells apart
   "`_cudnn_lstm` raised ..., then `_fallback_lstm` computed";
 - on the JAX backend, `jax.experimental.rnn.lstm` (JAX's cuDNN LSTM, the
   only cuDNN RNN JAX has; Keras calls it on a GPU only);
-- PyTorch's native kernels called by `maskedrnn._torch_kernels.run`.
+- PyTorch's native kernels called by `maskedrnn._torch_kernels.run` (over
+  valid-first data) and `run_packed` (a whole direction, packed).
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -80,6 +81,8 @@ def _targets():
             label = f"torch Python loop {name}"
             targets.append((torch_rnn, name, label, False, False))
         targets.append((_torch_kernels, "run", "torch native kernel", False, False))
+        label = "torch native packed kernel"
+        targets.append((_torch_kernels, "run_packed", label, False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 

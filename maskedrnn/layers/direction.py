@@ -156,6 +156,44 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
     return y, list(states)
 
 
+def runs_packed(inner, where, want_states=False, training=None):
+    """True when this direction runs on PyTorch's packed kernel (the torch
+    backend on CPU, no gradient recorded: `kernels.run_torch_packed`).
+
+    Then the layer runs the whole direction with `run_packed`, from and
+    back to the caller's order, instead of making valid-first data and
+    placing the outputs with `keras.ops`: the same results, with a dozen
+    torch ops around the kernel instead of about fifty Keras ones. Input
+    dropout (`training` with `dropout > 0`) takes `run`, which applies it.
+    """
+    if training and inner.cell.dropout:
+        return False
+    return kernels.choose(inner, where, want_states)[0] is kernels.run_torch_packed
+
+
+def packing(mask):
+    """The packed layout of a batch for `run_packed` (computed once per
+    call, shared by both directions): `mask` is bool `(batch, time)` in the
+    caller's order."""
+    return kernels.torch_kernels().Packing(mask)
+
+
+def run_packed(inner, x, packing, initial_state=None, reverse=False, place="zeros"):
+    """One direction on PyTorch's packed kernel, in the caller's order.
+
+    Only where `runs_packed` is True. Reads each row's valid steps in order
+    (`reverse=True`: last to first) straight from `x`, and returns the
+    outputs placed as `place` says: `"zeros"` as `in_place`, `"held"` /
+    `"held_zeros"` as `held` (without / with `zero_output_for_mask`),
+    `"last"` as `last_output`; and the states after each row's last valid
+    step (the initial state for a row with none). See
+    `maskedrnn._torch_kernels.run_packed`.
+    """
+    return kernels.torch_kernels().run_packed(
+        inner, x, initial_state, packing, reverse, place
+    )
+
+
 def run(inner, x, steps, initial_state=None, training=None, want_states=True):
     """Runs `inner` over valid-first `x`; returns `(outputs, states)`.
 

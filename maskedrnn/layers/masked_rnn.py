@@ -177,12 +177,20 @@ class MaskedRNN(direction.MaskedWrapper):
             return self._empty_batch_outputs(x)
         time = ops.shape(x)[1]
         bad_rows = read_mask = None
-        masked_loop = False
+        how = "valid_first"
+        packed = (mask is not None or lengths is not None) and direction.runs_packed(
+            self.layer, x, self.return_state, training
+        )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             steps = direction.Steps.from_lengths(lengths, time)
             read_mask = steps.valid
-            if self.go_backwards:
+            if packed:
+                how = "packed"
+                if self.go_backwards:
+                    # As Keras: the whole padded time axis reversed.
+                    x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
+            elif self.go_backwards:
                 # The valid-first form of the reversed rows: each row's valid
                 # steps, reversed by its own length.
                 x = mops.gather_time(x, steps.reverse)
@@ -196,9 +204,11 @@ class MaskedRNN(direction.MaskedWrapper):
                 mask = None if mask is None else ops.flip(mask, 1)
             if mask is None:
                 steps = direction.Steps.full(ops.shape(x)[0], time)
+            elif packed:
+                how, read_mask = "packed", mask
             elif direction.loops_over_mask(self.layer, x, self.return_state):
                 # Keras' masked loop reads the mask as it is: no reordering.
-                masked_loop = True
+                how = "masked_loop"
             else:
                 steps = direction.Steps.from_mask(mask)
                 x = steps.valid_first(x)
@@ -216,7 +226,9 @@ class MaskedRNN(direction.MaskedWrapper):
             ],
         )
         state = None if state is None else state[0]
-        if masked_loop:
+        if how == "packed":
+            y, states = self._run_packed(x, read_mask, state)
+        elif how == "masked_loop":
             y, states = direction.run_masked_loop(self.layer, x, mask, state, training)
             y = y if self.return_sequences else y[:, -1]
             states = states if self.return_state else []
@@ -226,6 +238,20 @@ class MaskedRNN(direction.MaskedWrapper):
         if bad_rows is not None:
             outputs = _checks.poison_rows(outputs, bad_rows)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run_packed(self, x, read_mask, state):
+        """Outputs and states on PyTorch's packed kernel, straight from and
+        back to the reading order (`direction.run_packed`)."""
+        if not self.return_sequences:
+            place = "last"
+        else:
+            place = "held_zeros" if self.zero_output_for_mask else "held"
+        packing = direction.packing(read_mask)
+        y, states = direction.run_packed(self.layer, x, packing, state, place=place)
+        if not self.return_sequences and self.zero_output_for_mask:
+            keep = ops.expand_dims(read_mask[:, -1], -1)
+            y = ops.where(keep, y, ops.zeros_like(y))
+        return y, states if self.return_state else []
 
     def _run_valid_first(self, x, steps, read_mask, state, training):
         """Outputs and states from valid-first `x` (`direction.run`), the
