@@ -23,9 +23,9 @@ On a CPU none of this changes anything: there is no TF32 there, and XLA's
 CPU matmuls are full float32 at any precision setting.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
-without: on a CPU those are two different code paths of the layers (the
-unpacked kernel over valid-first data, and the packed kernel reading the
-caller's order, `maskedrnn._torch_kernels.run_packed`).
+without: on a CPU those are two different kernels (PyTorch's unpacked
+kernel over valid-first data, and its packed kernel, which returns the final
+states itself; `maskedrnn._torch_kernels.run_direction`).
 """
 
 import keras

@@ -203,13 +203,13 @@ def spy_masks(inner_layers):
 
 def spy_native_kernels(monkeypatch):
     """Records the inner layer of every call of PyTorch's native kernels
-    (`maskedrnn._torch_kernels.run`, over valid-first data, and `run_packed`,
-    a whole direction from the caller's order); returns the list (torch
-    backend only)."""
+    (`maskedrnn._torch_kernels.run`, over valid-first data, and
+    `run_direction`, a whole direction from the caller's order); returns the
+    list (torch backend only)."""
     from maskedrnn import _torch_kernels
 
     calls = []
-    for name in ("run", "run_packed"):
+    for name in ("run", "run_direction"):
         original = getattr(_torch_kernels, name)
 
         def spy(inner, *args, _original=original, **kwargs):

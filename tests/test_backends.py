@@ -159,12 +159,13 @@ def spies(monkeypatch):
         assert module.backend is keras_backend
     spies = {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
     if BACKEND == "torch":
-        # Looked up as `_torch_kernels().run` / `.run_packed` at call time;
+        # Looked up as `_torch_kernels().run` / `.run_direction` at call time;
         # both record into one list.
         from maskedrnn import _torch_kernels
 
         spies["native"] = Spy(monkeypatch, "run", _torch_kernels)
-        Spy(monkeypatch, "run_packed", _torch_kernels).calls = spies["native"].calls
+        direct = Spy(monkeypatch, "run_direction", _torch_kernels)
+        direct.calls = spies["native"].calls
     return spies
 
 
@@ -208,12 +209,12 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     """Ours: both inner layers call `backend.<cell>` with mask=None, and the
     generic loop runs exactly when the fused function declined, maskless.
     With `kernels="native"`: PyTorch's kernel computes both directions (one
-    `_torch_kernels.run` or `run_packed` per direction and call) and no
+    `_torch_kernels.run` or `run_direction` per direction and call) and no
     Keras RNN function runs at all."""
     inner = (ours.forward_layer, ours.backward_layer)
     if kernels == "native":
         native = spies["native"]
-        assert native.calls, "_torch_kernels.run/run_packed was never called"
+        assert native.calls, "_torch_kernels.run/run_direction was never called"
         assert len(native.calls) % 2 == 0
         kernels_seen = {id(c["kernel"]) for c in native.calls}
         assert kernels_seen == {id(layer.cell.kernel) for layer in inner}

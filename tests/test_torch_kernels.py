@@ -101,7 +101,7 @@ def inputs(seed=0):
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """Records the inner layers `_torch_kernels.run` and `run_packed` are
+    """Records the inner layers `_torch_kernels.run` and `run_direction` are
     called with."""
     return spy_native_kernels(monkeypatch)
 
@@ -216,28 +216,32 @@ def test_native_kernel_matches_pytorch_packed_sequence(kind, grad_mode):
         np.testing.assert_allclose(to_np(got), want.numpy(), atol=1e-5)
 
 
-# ------------------------------------------- the packed layout, run_packed
+# ------------------------------------- Layout and run_direction (torch only)
 
 
-def _pack_oracle(mask, reverse):
-    """PyTorch's own packing of each row's valid steps (in order, or last to
-    first): `pack_padded_sequence` over step ids `b * T + t` moved
-    valid-first by numpy, rows of distinct lengths so the order is unique.
-    Empty rows are left out (PyTorch refuses them; nothing of theirs is
-    packed). Returns (packed ids, batch_sizes)."""
+def _valid_steps(mask, reverse):
+    """Each row's flat step ids `b * T + t` in reading order (numpy)."""
     batch, time = mask.shape
     rows = []
     for b in range(batch):
         ids = [b * time + t for t in range(time) if mask[b, t]]
-        if ids:
-            rows.append(ids[::-1] if reverse else ids)
-    lengths = [len(r) for r in rows]
-    padded = np.zeros((len(rows), time), "int64")
+        rows.append(ids[::-1] if reverse else ids)
+    return rows
+
+
+def _pack_oracle(mask, reverse):
+    """PyTorch's own packing of each row's valid steps (in order, or last to
+    first): `pack_padded_sequence` over step ids moved valid-first by numpy,
+    rows of distinct lengths so the order is unique. Empty rows are left out
+    (PyTorch refuses them; nothing of theirs is packed). Returns (packed
+    ids, batch_sizes)."""
+    rows = [r for r in _valid_steps(mask, reverse) if r]
+    padded = np.zeros((len(rows), mask.shape[1]), "int64")
     for b, r in enumerate(rows):
         padded[b, : len(r)] = r
     packed = torch.nn.utils.rnn.pack_padded_sequence(
-        torch.tensor(padded), torch.tensor(lengths), batch_first=True,
-        enforce_sorted=False,
+        torch.tensor(padded), torch.tensor([len(r) for r in rows]),
+        batch_first=True, enforce_sorted=False,
     )
     return packed.data.numpy(), packed.batch_sizes.numpy()
 
@@ -258,56 +262,73 @@ PACK_MASK = np.array(
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_packing_matches_pack_padded_sequence(reverse):
-    """`Packing.index` reads, straight from the caller's order, the steps
-    PyTorch's `pack_padded_sequence` packs from valid-first data."""
-    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
+def test_layout_packed_matches_pack_padded_sequence(reverse):
+    """Packed, `Layout.read_index` reads straight from the caller's order the
+    steps PyTorch's `pack_padded_sequence` packs from valid-first data."""
+    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
     ids, batch_sizes = _pack_oracle(PACK_MASK, reverse)
-    np.testing.assert_array_equal(packing.index(reverse).numpy(), ids)
-    np.testing.assert_array_equal(packing.batch_sizes.numpy(), batch_sizes)
-    assert packing.batch_sizes.dtype == torch.int64
+    np.testing.assert_array_equal(layout.read_index(True, reverse).numpy(), ids)
+    np.testing.assert_array_equal(layout.batch_sizes.numpy(), batch_sizes)
+    assert layout.batch_sizes.dtype == torch.int64
     np.testing.assert_array_equal(
-        packing.active.numpy(), [0, 4, 3, 1, 5]  # by decreasing length
+        layout.active.numpy(), [0, 4, 3, 1, 5]  # by decreasing length
     )
 
 
-@pytest.mark.parametrize("zero_output_for_mask", [False, True])
-def test_packing_held_index_is_keras_rnn_convention(zero_output_for_mask):
-    """`held_index`: each step reads the packed row of the last valid step at
-    or before it (numpy loop over the packed ids); zeros (keep False) before
-    the first and, with `zero_output_for_mask`, at masked steps."""
-    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
-    ids, _ = _pack_oracle(PACK_MASK, False)
-    where = {int(flat_id): p for p, flat_id in enumerate(ids)}
+@pytest.mark.parametrize("reverse", [False, True])
+def test_layout_valid_first_reads_each_rows_steps_first(reverse):
+    """Unpacked, row `b`'s first `length` kernel rows read its valid steps
+    in reading order (numpy), the rest the zero row appended to `x`."""
+    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    index = layout.read_index(False, reverse).numpy().reshape(PACK_MASK.shape)
+    for b, ids in enumerate(_valid_steps(PACK_MASK, reverse)):
+        np.testing.assert_array_equal(index[b, : len(ids)], ids)
+        assert (index[b, len(ids) :] == PACK_MASK.size).all()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("place", ["zeros", "held", "held_zeros"])
+def test_layout_place_index_is_the_keras_conventions(place, packed):
+    """`place_index`: "zeros", each valid step reads its own kernel row;
+    "held"/"held_zeros", the row of the last valid step at or before it
+    (numpy loop); the zero row (`rows(packed)`) before a row's first valid
+    step, and at every masked step for "zeros" and "held_zeros"."""
+    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    kernel_rows = layout.read_index(packed).numpy()
+    where = {int(i): p for p, i in enumerate(kernel_rows) if i < PACK_MASK.size}
+    zero_row = layout.rows(packed)
+    assert zero_row == (len(where) if packed else PACK_MASK.size)
     batch, time = PACK_MASK.shape
-    expected = np.full((batch, time), -1)
+    expected = np.full((batch, time), zero_row)
     for b in range(batch):
         last = None
         for t in range(time):
             if PACK_MASK[b, t]:
                 last = where[b * time + t]
-            if last is not None and (PACK_MASK[b, t] or not zero_output_for_mask):
+            if PACK_MASK[b, t] or (place == "held" and last is not None):
                 expected[b, t] = last
-    index, keep = packing.held_index(zero_output_for_mask)
-    index, keep = index.numpy().reshape(batch, time), keep.numpy().reshape(batch, time)
-    np.testing.assert_array_equal(keep, expected >= 0)
-    np.testing.assert_array_equal(index[keep], expected[keep])
-    assert index.min() >= 0 and index.max() < len(ids)  # always a row to read
+    index = layout.place_index(place, packed).numpy().reshape(batch, time)
+    np.testing.assert_array_equal(index, expected)
+    last = [where[ids[-1]] if ids else zero_row for ids in _valid_steps(PACK_MASK, 0)]
+    np.testing.assert_array_equal(layout.last_index(packed).numpy(), last)
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("place", ["held", "held_zeros", "zeros", "last"])
-def test_run_packed_with_one_valid_step_in_a_batch_of_empty_rows(place):
+def test_run_direction_with_one_valid_step_in_a_batch_of_empty_rows(place, packed):
     """Fewer packed rows (1) than batch rows: every placement still reads
-    only packed rows that exist."""
+    only kernel rows that exist; Keras' GRU is the oracle."""
     mask = np.zeros((4, 5), bool)
     mask[2, 3] = True
     layer = keras.layers.GRU(U, return_sequences=True, return_state=True)
     layer.build((None, None, D))
     x = torch.tensor(np.random.default_rng(0).standard_normal((4, 5, D)))
     x = x.to(torch.float32)
-    packing = _torch_kernels.Packing(torch.tensor(mask))
+    layout = _torch_kernels.Layout(torch.tensor(mask))
     with torch.no_grad():
-        y, states = _torch_kernels.run_packed(layer, x, None, packing, place=place)
+        y, states = _torch_kernels.run_direction(
+            layer, x, None, layout, place=place, packed=packed
+        )
         ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask)))
     np.testing.assert_allclose(states[0].numpy(), h, atol=1e-6)
     if place == "last":
@@ -323,46 +344,55 @@ def test_run_packed_with_one_valid_step_in_a_batch_of_empty_rows(place):
     assert not y[others].any()
 
 
-def test_packing_of_an_all_padding_batch_runs_no_kernel():
-    packing = _torch_kernels.Packing(torch.zeros((3, 4), dtype=torch.bool))
-    assert packing.steps == 0 and packing.total == 0
-    layer = keras.layers.GRU(U, return_sequences=True, return_state=True)
+@pytest.mark.parametrize("packed", [True, False])
+def test_an_all_padding_batch(packed):
+    """No valid step anywhere: zeros and the initial states; the packed form
+    calls no kernel, the unpacked one (training) still connects the weights
+    (zero gradients, no error)."""
+    layout = _torch_kernels.Layout(torch.zeros((3, 4), dtype=torch.bool))
+    assert layout.steps == 0 and layout.total == 0
+    layer = keras.layers.LSTM(U, return_sequences=True, return_state=True)
     layer.build((None, None, D))
-    h0 = torch.ones((3, U))
-    with torch.no_grad():
-        y, states = _torch_kernels.run_packed(
-            layer, torch.ones((3, 4, D)), [h0], packing, place="held"
+    h0, c0 = torch.ones((3, U)), torch.full((3, U), 2.0)
+    x = torch.ones((3, 4, D), requires_grad=not packed)
+    with torch.set_grad_enabled(not packed):
+        y, states = _torch_kernels.run_direction(
+            layer, x, [h0, c0], layout, place="held", packed=packed
         )
     assert tuple(y.shape) == (3, 4, U) and not y.any()
-    np.testing.assert_array_equal(states[0].numpy(), h0.numpy())
+    np.testing.assert_array_equal(states[0].detach().numpy(), h0.numpy())
+    np.testing.assert_array_equal(states[1].detach().numpy(), c0.numpy())
+    if not packed:
+        (y.sum() + states[1].sum()).backward()
+        assert not x.grad.any()
 
 
-def test_run_packed_rejects_an_unknown_place():
+def test_run_direction_rejects_an_unknown_place():
     layer = keras.layers.GRU(U)
     layer.build((None, None, D))
-    packing = _torch_kernels.Packing(torch.tensor(PACK_MASK))
+    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
     with pytest.raises(ValueError, match="place must be one of"):
         x = torch.ones((6, 6, D))
-        _torch_kernels.run_packed(layer, x, None, packing, place="x")
+        _torch_kernels.run_direction(layer, x, None, layout, place="x")
 
 
-@pytest.mark.skipif(DEVICE != "cpu", reason="the packed path is the CPU's")
+@pytest.mark.skipif(DEVICE != "cpu", reason="the direct path is the CPU's")
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
-def test_inference_runs_each_direction_packed_from_the_callers_order(
+def test_a_masked_call_runs_each_direction_from_the_callers_order(
     wrapper, monkeypatch
 ):
-    """Without gradients, a masked call runs `run_packed` once per direction
-    on the caller's (unreordered) data, and `run` never; with gradients,
-    `run` (unpacked, valid-first) and never `run_packed`."""
+    """A masked call runs `run_direction` once per direction on the caller's
+    (unreordered) data, never the valid-first `run`: packed without
+    gradients, unpacked with."""
     from maskedrnn import MaskedRNN
 
     calls = []
-    for name in ("run", "run_packed"):
+    for name in ("run", "run_direction"):
         original = getattr(_torch_kernels, name)
 
-        def spy(inner, x, *args, _name=name, _original=original, **kwargs):
-            calls.append((_name, x))
-            return _original(inner, x, *args, **kwargs)
+        def spy(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, args[1], kwargs.get("packed", args[6])))
+            return _original(*args, **kwargs)
 
         monkeypatch.setattr(_torch_kernels, name, spy)
     make = NATIVE["gru"]
@@ -371,14 +401,12 @@ def test_inference_runs_each_direction_packed_from_the_callers_order(
     else:
         ours = MaskedBidirectional(make(return_sequences=True))
     x = torch.tensor(inputs(6))
-    with torch.no_grad():
-        ours(x, mask=MASK)
     directions = 1 if wrapper == "rnn" else 2
-    assert [name for name, _ in calls] == ["run_packed"] * directions
-    assert all(seen is x for _, seen in calls)  # no valid-first copy
-    calls.clear()
-    ours(x, mask=MASK)
-    assert [name for name, _ in calls] == ["run"] * directions
+    for grad, packed in ((False, True), (True, False)):
+        calls.clear()
+        with torch.set_grad_enabled(grad):
+            ours(x, mask=MASK)
+        assert calls == [("run_direction", x, packed)] * directions
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

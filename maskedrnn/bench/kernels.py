@@ -16,7 +16,8 @@ tells apart
 - on the JAX backend, `jax.experimental.rnn.lstm` (JAX's cuDNN LSTM, the
   only cuDNN RNN JAX has; Keras calls it on a GPU only);
 - PyTorch's native kernels called by `maskedrnn._torch_kernels.run` (over
-  valid-first data) and `run_packed` (a whole direction, packed).
+  valid-first data) and `run_direction` (a whole direction from the caller's
+  order).
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -80,9 +81,9 @@ def _targets():
         for name in ("_fallback_lstm", "_fallback_gru"):
             label = f"torch Python loop {name}"
             targets.append((torch_rnn, name, label, False, False))
-        targets.append((_torch_kernels, "run", "torch native kernel", False, False))
-        label = "torch native packed kernel"
-        targets.append((_torch_kernels, "run_packed", label, False, False))
+        # Both call PyTorch's kernels; one label for both.
+        for name in ("run", "run_direction"):
+            targets.append((_torch_kernels, name, "torch native kernel", False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 

@@ -156,11 +156,11 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
     return y, list(states)
 
 
-def runs_packed(inner, where, want_states=False, training=None):
-    """True when this direction runs on PyTorch's packed kernel (the torch
-    backend on CPU, no gradient recorded: `kernels.run_torch_packed`).
+def runs_in_torch(inner, where, want_states=False, training=None):
+    """True when this direction runs on PyTorch's own kernels (the torch
+    backend on CPU: `kernels.run_torch_packed` / `run_torch_native`).
 
-    Then the layer runs the whole direction with `run_packed`, from and
+    Then the layer runs the whole direction with `run_in_torch`, from and
     back to the caller's order, instead of making valid-first data and
     placing the outputs with `keras.ops`: the same results, with a dozen
     torch ops around the kernel instead of about fifty Keras ones. Input
@@ -168,29 +168,35 @@ def runs_packed(inner, where, want_states=False, training=None):
     """
     if training and inner.cell.dropout:
         return False
-    return kernels.choose(inner, where, want_states)[0] is kernels.run_torch_packed
+    runner = kernels.choose(inner, where, want_states)[0]
+    return runner in (kernels.run_torch_packed, kernels.run_torch_native)
 
 
-def packing(mask):
-    """The packed layout of a batch for `run_packed` (computed once per
-    call, shared by both directions): `mask` is bool `(batch, time)` in the
+def torch_layout(mask):
+    """The layout of a batch for `run_in_torch` (computed once per call,
+    shared by both directions): `mask` is bool `(batch, time)` in the
     caller's order."""
-    return kernels.torch_kernels().Packing(mask)
+    return kernels.torch_kernels().Layout(mask)
 
 
-def run_packed(inner, x, packing, initial_state=None, reverse=False, place="zeros"):
-    """One direction on PyTorch's packed kernel, in the caller's order.
+def run_in_torch(
+    inner, x, layout, initial_state=None, reverse=False, place="zeros", want_states=True
+):
+    """One direction on PyTorch's kernel, in the caller's order.
 
-    Only where `runs_packed` is True. Reads each row's valid steps in order
-    (`reverse=True`: last to first) straight from `x`, and returns the
+    Only where `runs_in_torch` is True. Reads each row's valid steps in
+    order (`reverse=True`: last to first) straight from `x`, and returns the
     outputs placed as `place` says: `"zeros"` as `in_place`, `"held"` /
     `"held_zeros"` as `held` (without / with `zero_output_for_mask`),
     `"last"` as `last_output`; and the states after each row's last valid
-    step (the initial state for a row with none). See
-    `maskedrnn._torch_kernels.run_packed`.
+    step (the initial state for a row with none; `[]` unless
+    `want_states`). The kernel is the one `kernels.choose` picks: packed in
+    inference, unpacked over valid-first data while gradients are recorded.
+    See `maskedrnn._torch_kernels.run_direction`.
     """
-    return kernels.torch_kernels().run_packed(
-        inner, x, initial_state, packing, reverse, place
+    packed = kernels.choose(inner, x, want_states)[0] is kernels.run_torch_packed
+    return kernels.torch_kernels().run_direction(
+        inner, x, initial_state, layout, reverse, place, packed, want_states
     )
 
 

@@ -248,21 +248,21 @@ class MaskedBidirectional(direction.MaskedWrapper):
             return self._empty_batch_outputs(x)
         time = ops.shape(x)[1]
         bad_rows = None
-        packed = (mask is not None or lengths is not None) and all(
-            direction.runs_packed(inner, x, self.return_state, training)
+        in_torch = (mask is not None or lengths is not None) and all(
+            direction.runs_in_torch(inner, x, self.return_state, training)
             for inner in (self.forward_layer, self.backward_layer)
         )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             steps = direction.Steps.from_lengths(lengths, time)
-            if packed:
-                return self._call_packed(
+            if in_torch:
+                return self._call_in_torch(
                     x, steps.valid, initial_state, bad_rows=bad_rows
                 )
         elif mask is not None:
             mask = _checks.check_mask(mask, x)
-            if packed:
-                return self._call_packed(x, mask, initial_state)
+            if in_torch:
+                return self._call_in_torch(x, mask, initial_state)
             if all(
                 direction.loops_over_mask(inner, x, self.return_state)
                 for inner in (self.forward_layer, self.backward_layer)
@@ -297,20 +297,18 @@ class MaskedBidirectional(direction.MaskedWrapper):
             outputs = _checks.poison_rows(outputs, bad_rows)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _call_packed(self, x, mask, initial_state, bad_rows=None):
-        """Both directions on PyTorch's packed kernel, from and back to the
-        caller's order (`direction.run_packed`, one `Packing` shared)."""
+    def _call_in_torch(self, x, mask, initial_state, bad_rows=None):
+        """Both directions on PyTorch's kernels, from and back to the
+        caller's order (`direction.run_in_torch`, one layout shared)."""
         fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         place = "zeros" if self.return_sequences else "last"
-        packing = direction.packing(mask)
-        fwd_y, fwd_states = direction.run_packed(
-            self.forward_layer, x, packing, fwd_state, place=place
+        layout = direction.torch_layout(mask)
+        fwd_y, fwd_states = direction.run_in_torch(
+            self.forward_layer, x, layout, fwd_state, False, place, self.return_state
         )
-        bwd_y, bwd_states = direction.run_packed(
-            self.backward_layer, x, packing, bwd_state, reverse=True, place=place
+        bwd_y, bwd_states = direction.run_in_torch(
+            self.backward_layer, x, layout, bwd_state, True, place, self.return_state
         )
-        if not self.return_state:
-            fwd_states = bwd_states = []
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
         if bad_rows is not None:
             outputs = _checks.poison_rows(outputs, bad_rows)

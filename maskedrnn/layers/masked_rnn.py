@@ -178,15 +178,15 @@ class MaskedRNN(direction.MaskedWrapper):
         time = ops.shape(x)[1]
         bad_rows = read_mask = None
         how = "valid_first"
-        packed = (mask is not None or lengths is not None) and direction.runs_packed(
-            self.layer, x, self.return_state, training
-        )
+        in_torch = (
+            mask is not None or lengths is not None
+        ) and direction.runs_in_torch(self.layer, x, self.return_state, training)
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             steps = direction.Steps.from_lengths(lengths, time)
             read_mask = steps.valid
-            if packed:
-                how = "packed"
+            if in_torch:
+                how = "torch"
                 if self.go_backwards:
                     # As Keras: the whole padded time axis reversed.
                     x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
@@ -204,8 +204,8 @@ class MaskedRNN(direction.MaskedWrapper):
                 mask = None if mask is None else ops.flip(mask, 1)
             if mask is None:
                 steps = direction.Steps.full(ops.shape(x)[0], time)
-            elif packed:
-                how, read_mask = "packed", mask
+            elif in_torch:
+                how, read_mask = "torch", mask
             elif direction.loops_over_mask(self.layer, x, self.return_state):
                 # Keras' masked loop reads the mask as it is: no reordering.
                 how = "masked_loop"
@@ -226,8 +226,8 @@ class MaskedRNN(direction.MaskedWrapper):
             ],
         )
         state = None if state is None else state[0]
-        if how == "packed":
-            y, states = self._run_packed(x, read_mask, state)
+        if how == "torch":
+            y, states = self._run_in_torch(x, read_mask, state)
         elif how == "masked_loop":
             y, states = direction.run_masked_loop(self.layer, x, mask, state, training)
             y = y if self.return_sequences else y[:, -1]
@@ -239,19 +239,25 @@ class MaskedRNN(direction.MaskedWrapper):
             outputs = _checks.poison_rows(outputs, bad_rows)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _run_packed(self, x, read_mask, state):
-        """Outputs and states on PyTorch's packed kernel, straight from and
-        back to the reading order (`direction.run_packed`)."""
+    def _run_in_torch(self, x, read_mask, state):
+        """Outputs and states on PyTorch's kernel, straight from and back to
+        the reading order (`direction.run_in_torch`)."""
         if not self.return_sequences:
             place = "last"
         else:
             place = "held_zeros" if self.zero_output_for_mask else "held"
-        packing = direction.packing(read_mask)
-        y, states = direction.run_packed(self.layer, x, packing, state, place=place)
+        y, states = direction.run_in_torch(
+            self.layer,
+            x,
+            direction.torch_layout(read_mask),
+            state,
+            place=place,
+            want_states=self.return_state,
+        )
         if not self.return_sequences and self.zero_output_for_mask:
             keep = ops.expand_dims(read_mask[:, -1], -1)
             y = ops.where(keep, y, ops.zeros_like(y))
-        return y, states if self.return_state else []
+        return y, states
 
     def _run_valid_first(self, x, steps, read_mask, state, training):
         """Outputs and states from valid-first `x` (`direction.run`), the
