@@ -10,11 +10,19 @@ layer 4.3x / 2.4x faster than Keras' unmasked loop for LSTM and 1.9x / 1.1x
 for GRU, fwd+bwd / fwd (`scripts/bench_cpu.sh torch-lstm torch-gru`, results
 in docs/results/cpu-torch-{lstm,gru}.json and docs/benchmarks.md). So on
 the torch backend, on CPU, `MaskedBidirectional` and `MaskedRNN` call them
-directly for each direction (`maskedrnn.layers.kernels`), on the same
-valid-first / reversed data as on every other path. The outputs are the same
-function of the same weights (PyTorch's LSTM and reset-after GRU equations
-are Keras'; only the GRU gate order differs, see `_gru_params`), so gradients
-reach the Keras variables through PyTorch's autograd.
+directly for each direction (`maskedrnn.layers.kernels`). The outputs are
+the same function of the same weights (PyTorch's LSTM and reset-after GRU
+equations are Keras'; only the GRU gate order differs, see `_gru_params`),
+so gradients reach the Keras variables through PyTorch's autograd.
+
+The same direction logic as `maskedrnn.layers.direction` (valid steps
+first, reversed by each row's own length for a backward direction, padding
+never read, outputs placed back by Keras' conventions), written in torch
+ops for these kernels: `run_direction` takes the batch in the caller's order
+and a `Layout` of its mask, and does the whole direction in about a dozen
+torch ops around the kernel (the Keras-ops path costs about fifty dispatches,
+over a millisecond on eager torch). `run` serves callers that already hold
+valid-first data.
 
 Nothing is tried and caught. `unavailable_reason` checks every condition up
 front and says in words why a call cannot use these kernels; the layer then

@@ -26,6 +26,11 @@ When the kernel is Keras' masked loop anyway (`loops_over_mask`: layers with
 no fused kernel to keep, an LSTM's exact states where Keras has no fused
 LSTM kernel), a batch given with a mask skips steps 1-4: `run_masked_loop`
 runs that loop on the caller's order, which reads any mask by itself.
+
+When the kernel is PyTorch's own (`runs_in_torch`: the torch backend on
+CPU), steps 1-4 and the placement run as torch ops in one call,
+`run_in_torch` (`maskedrnn._torch_kernels.run_direction`): the same logic,
+a dozen torch ops instead of about fifty Keras ones around the kernel.
 """
 
 import keras

@@ -9,7 +9,9 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   time in Python; `maskedrnn._torch_kernels`, the one torch-specific module):
   on the packed valid steps in inference (padded steps skipped, final states
   exact), else over the zero-padded valid-first data (faster for training
-  and for an LSTM without states, `_torch_kernels.packed_preferred`);
+  and for an LSTM without states, `_torch_kernels.packed_preferred`). A
+  masked batch runs them from the caller's order in one torch call
+  (`direction.run_in_torch`); these runners serve valid-first callers;
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
   backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; JAX's GRU scan).
   On a JAX CPU a GRU is sent to Keras' generic loop instead (faster there,
