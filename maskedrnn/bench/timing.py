@@ -394,10 +394,16 @@ def _time_all(harness, impls, modes, make_step, settings, args):
             progress.step(f"warm-up {mode} {name}")
 
     times = {case: [] for case in cases}
+    # Every case once per repeat, so slow drifts hit all cases alike, in a
+    # new random order each time (seeded), so that no case always follows
+    # the same one: a step timed right after a training step of another
+    # implementation finds the caches and the allocator in another state
+    # than one timed after a small inference step (a fixed rotation made
+    # the first inference case always follow the last training case).
+    order = np.random.default_rng(0)
     for r in range(repeats):
-        # Round-robin, rotated each repeat, so slow drifts hit all cases alike.
-        shift = r % len(cases)
-        for name, mode in cases[shift:] + cases[:shift]:
+        for i in order.permutation(len(cases)):
+            name, mode = cases[i]
             step = steps[name, mode]
             start = time.perf_counter()
             result = step()
