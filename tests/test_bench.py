@@ -556,6 +556,25 @@ def test_every_ratio_quoted_in_benchmarks_page_is_its_committed_json():
     assert checked == 24, "expected 12 target rows, each fwd+bwd and fwd"
 
 
+def test_bench_docs_script_reproduces_the_page():
+    """`scripts/bench_docs.py` (how the tables are rewritten after a
+    measurement) leaves the committed page as it is."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "bench_docs", root / "scripts" / "bench_docs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = (root / "docs" / "benchmarks.md").read_text()
+    assert module.rewrite(page) == page
+    # And it does rewrite: a wrong figure is put right.
+    broken = page.replace("| 0.88 met |", "| 0.10 met |", 1)
+    assert broken != page and module.rewrite(broken) == page
+
+
 @pytest.mark.slow
 def test_stacked_layers_are_checked_against_keras_and_pytorch():
     """--layers 2: two MaskedBidirectional layers against two Keras masked
