@@ -199,8 +199,10 @@ def run_in_torch(
     inference, unpacked over valid-first data while gradients are recorded.
     See `maskedrnn._torch_kernels.run_direction`.
     """
-    packed = kernels.choose(inner, x, want_states)[0] is kernels.run_torch_packed
-    return kernels.torch_kernels().run_direction(
+    torch_kernels = kernels.torch_kernels()
+    # As `kernels.choose` tells its two torch runners apart.
+    packed = torch_kernels.packed_preferred(inner, want_states)
+    return torch_kernels.run_direction(
         inner, x, initial_state, layout, reverse, place, packed, want_states
     )
 
