@@ -254,11 +254,10 @@ class MaskedBidirectional(direction.MaskedWrapper):
         )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
-            steps = direction.Steps.from_lengths(lengths, time)
             if in_torch:
-                return self._call_in_torch(
-                    x, steps.valid, initial_state, bad_rows=bad_rows
-                )
+                mask = mops.sequence_mask(lengths, time)
+                return self._call_in_torch(x, mask, initial_state, bad_rows=bad_rows)
+            steps = direction.Steps.from_lengths(lengths, time)
         elif mask is not None:
             mask = _checks.check_mask(mask, x)
             if in_torch:

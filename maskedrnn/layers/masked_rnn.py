@@ -183,18 +183,20 @@ class MaskedRNN(direction.MaskedWrapper):
         ) and direction.runs_in_torch(self.layer, x, self.return_state, training)
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
-            steps = direction.Steps.from_lengths(lengths, time)
-            read_mask = steps.valid
             if in_torch:
                 how = "torch"
+                read_mask = mops.sequence_mask(lengths, time)
                 if self.go_backwards:
                     # As Keras: the whole padded time axis reversed.
                     x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
-            elif self.go_backwards:
-                # The valid-first form of the reversed rows: each row's valid
-                # steps, reversed by its own length.
-                x = mops.gather_time(x, steps.reverse)
-                read_mask = ops.flip(read_mask, 1)
+            else:
+                steps = direction.Steps.from_lengths(lengths, time)
+                read_mask = steps.valid
+                if self.go_backwards:
+                    # The valid-first form of the reversed rows: each row's
+                    # valid steps, reversed by its own length.
+                    x = mops.gather_time(x, steps.reverse)
+                    read_mask = ops.flip(read_mask, 1)
         else:
             if mask is not None:
                 mask = _checks.check_mask(mask, x)
