@@ -6,7 +6,7 @@ in Python (`keras/src/backend/torch/rnn.py`, `_fallback_lstm`: a matmul and a
 few elementwise ops per step, each dispatched separately), and `SimpleRNN`
 always runs Keras' generic loop. PyTorch's own kernels do the same arithmetic
 in C++; at the CPU benchmark's sizes (B=32 T=100 D=U=64) that makes the
-layer 4.3x / 2.4x faster than Keras' unmasked loop for LSTM and 1.9x / 1.1x
+layer 4.9x / 3.1x faster than Keras' unmasked loop for LSTM and 1.8x / 1.9x
 for GRU, fwd+bwd / fwd (`scripts/bench_cpu.sh torch-lstm torch-gru`, results
 in docs/results/cpu-torch-{lstm,gru}.json and docs/benchmarks.md). So on
 the torch backend, on CPU, `MaskedBidirectional` and `MaskedRNN` call them
@@ -119,14 +119,13 @@ def packed_preferred(inner, want_states):
     and an unpacked LSTM runs PyTorch's fused oneDNN kernel, which the packed
     one does not (the CPU benchmark, B=32 T=100 D=U=64, 38% padding, one
     thread, `torch_packed` / `torch_unpacked` in
-    docs/results/cpu-torch-rnn-*.json: `nn.LSTM` fwd+bwd 28.9 / 6.4 ms, fwd
-    4.9 / 1.8 ms; `nn.GRU` fwd+bwd 24.1 / 16.8 ms, fwd 3.7 / 3.9 ms). So
-    training runs the unpacked kernel over the zero-padded valid-first data
-    (the caller then reads the states at each row's length, recomputing an
-    LSTM's cell state), and so does an LSTM's inference without states;
-    other inference runs packed (for an LSTM with states that is cheaper
-    than the recomputation: 6.8 against 8.6 ms in the benchmark's forward
-    pass).
+    docs/results/cpu-torch-rnn-{lstm,gru}.json: `nn.LSTM` fwd+bwd 23.8 /
+    4.8 ms, fwd 4.2 / 1.5 ms; `nn.GRU` fwd+bwd 20.2 / 13.7 ms, fwd 3.3 / 3.5
+    ms). So training runs the unpacked kernel over the zero-padded
+    valid-first data (the caller then reads the states at each row's length,
+    recomputing an LSTM's cell state), and so does an LSTM's inference
+    without states; other inference runs packed (for an LSTM with states
+    that is cheaper than the unpacked kernel plus the recomputation).
     """
     if torch.is_grad_enabled():
         return False

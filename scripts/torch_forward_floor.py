@@ -16,12 +16,18 @@ T=100 D=U=64, lengths uniform in [20, 100], left-padded, `mask=`):
   input (the same arguments and output structure): what Keras adds to any
   layer call.
 
-Prints each median and the overheads over `kernel_only`
-(docs/results/torch-forward-floor-<cell>.txt, docs/benchmarks.md).
+Prints each median and the overheads over `kernel_only`, then the two
+that matter timed alone, interleaved with each other only (`maskedrnn`
+and `torch_packed`, run back to back: warm), and the number of Python
+function calls of one call of `maskedrnn`, its `call` and the identity
+layer (`cProfile`) (docs/results/torch-forward-floor-<cell>.txt,
+docs/benchmarks.md).
 
     KERAS_BACKEND=torch python scripts/torch_forward_floor.py gru
 """
 
+import cProfile
+import pstats
 import sys
 import time
 
@@ -131,3 +137,29 @@ for name, ms in derived.items():
     print(f"{name:30s} {ms:7.3f}")
 ratio = median["maskedrnn"] / median["torch_packed"]
 print(f"{'maskedrnn / torch_packed':30s} {ratio:7.2f}")
+
+# The two alone, back to back (warm: nothing else runs in between).
+pair = {"torch_packed": cases["torch_packed"], "maskedrnn": cases["maskedrnn"]}
+pair_times = {name: [] for name in pair}
+with torch.no_grad():
+    for _ in range(200):
+        for name, fn in pair.items():
+            start = time.perf_counter()
+            fn()
+            pair_times[name].append(time.perf_counter() - start)
+pair_median = {n: float(np.median(t)) * 1e3 for n, t in pair_times.items()}
+print("the two alone, interleaved with each other only (ms)")
+for name, ms in pair_median.items():
+    print(f"{name:18s} {ms:7.3f}")
+ratio = pair_median["maskedrnn"] / pair_median["torch_packed"]
+print(f"{'maskedrnn / torch_packed':30s} {ratio:7.2f}")
+
+# Python function calls of one call (what Keras' Layer.__call__ adds).
+print("Python function calls of one call (cProfile)")
+with torch.no_grad():
+    for name in ("maskedrnn", "maskedrnn_call", "keras_call_floor"):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        cases[name]()
+        profiler.disable()
+        print(f"{name:18s} {pstats.Stats(profiler).total_calls:7d}")
