@@ -475,12 +475,14 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         params, fn, hx = _kernel(inner, [state[None] for state in states])
         # Unpacked form: (input, hx, params, *flags, batch_first).
         out = fn(data, hx, params, *_flags(cell), True)[0]
+        flat = with_zero_row(out.reshape(batch * time, units))
         if want_states:
-            states = _states_at_length(inner, data, out, states, layout)
-        out = out.reshape(batch * time, units)
+            states = _states_at_length(inner, data, out, flat, states, layout)
+        out = flat
+    if packed:
+        out = with_zero_row(out)
     if not want_states:
         states = []
-    out = with_zero_row(out)
     if place == "last":
         # An RNN's output is its h: the output after the last valid step.
         return out.index_select(0, layout.last_index(packed)), states
@@ -488,12 +490,12 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
     return y.reshape(batch, time, units), states
 
 
-def _states_at_length(inner, data, out, initial_state, layout):
+def _states_at_length(inner, data, out, flat, initial_state, layout):
     """The states after each row's last valid step, from the unpacked
     kernel's valid-first input `data` and outputs `out` (`(batch, time,
-    ...)`): `h` read at the row's length (the initial `h` for an empty
-    row); an LSTM's `c` recomputed exactly from the outputs."""
-    flat = with_zero_row(out.reshape(-1, out.shape[-1]))
+    ...)`; `flat`, the same outputs `(batch * time, units)` with the zero
+    row appended): `h` read at the row's length (the initial `h` for an
+    empty row); an LSTM's `c` recomputed exactly from the outputs."""
     h = flat.index_select(0, layout.last_index(False))
     h = torch.where(layout.has_steps[:, None], h, initial_state[0])
     if type(inner) is not LSTM:
