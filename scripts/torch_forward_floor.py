@@ -109,17 +109,25 @@ cases = {
     "maskedrnn_call": lambda: layer.call(x, mask=mask),
     "keras_call_floor": lambda: identity(x, mask=mask),
 }
-times = {name: [] for name in cases}
-with torch.no_grad():
-    for fn in cases.values():
-        for _ in range(10):
-            fn()
-    for _ in range(200):
-        for name, fn in cases.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-median = {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+
+
+def interleaved_medians(cases, calls=200, warmup=0):
+    """Median ms of each case over `calls` rounds, every case once a round,
+    in order, under `torch.no_grad()`, after `warmup` calls of each."""
+    times = {name: [] for name in cases}
+    with torch.no_grad():
+        for fn in cases.values():
+            for _ in range(warmup):
+                fn()
+        for _ in range(calls):
+            for name, fn in cases.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
+
+
+median = interleaved_medians(cases, warmup=10)
 print(
     f"MaskedRNN({cell.upper()}, return_state=True) forward vs PyTorch packed, "
     "torch CPU, 1 thread, B=32 T=100 D=U=64, left-padded, median of 200 "
@@ -140,14 +148,7 @@ print(f"{'maskedrnn / torch_packed':30s} {ratio:7.2f}")
 
 # The two alone, back to back (warm: nothing else runs in between).
 pair = {"torch_packed": cases["torch_packed"], "maskedrnn": cases["maskedrnn"]}
-pair_times = {name: [] for name in pair}
-with torch.no_grad():
-    for _ in range(200):
-        for name, fn in pair.items():
-            start = time.perf_counter()
-            fn()
-            pair_times[name].append(time.perf_counter() - start)
-pair_median = {n: float(np.median(t)) * 1e3 for n, t in pair_times.items()}
+pair_median = interleaved_medians(pair)
 print("the two alone, interleaved with each other only (ms)")
 for name, ms in pair_median.items():
     print(f"{name:18s} {ms:7.3f}")
