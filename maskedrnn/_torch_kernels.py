@@ -30,6 +30,7 @@ calls its Keras inner layer as on the other backends (exact as well, slower
 on CPU), and `MaskedBidirectional.kernel_info()` reports which path runs.
 """
 
+import functools
 import weakref
 
 import keras
@@ -270,6 +271,10 @@ class Layout:
         active: Int64 `(batch_sizes[0],)`: the rows with at least one valid
             step, by decreasing length (the packed kernel's final states are
             theirs, in that order).
+
+    The packed form's fields (`batch_sizes`, `active` and the indices
+    behind `row`) are computed on first use: a call that runs the unpacked
+    kernel (training) never pays for them.
     """
 
     def __init__(self, mask):
@@ -279,25 +284,42 @@ class Layout:
         # count[b, t]: valid steps of row b at or before t.
         self.count = torch.cumsum(mask, 1)
         self.lengths = self.count[:, -1]
-        # Flat `b * time + t` of every valid step, row by row, and its row.
+        # Flat `b * time + t` of every valid step, row by row.
         self.valid = mask.reshape(-1).nonzero().squeeze(1)
-        self.valid_rows = torch.div(self.valid, self.time, rounding_mode="floor")
         self.total = self.valid.shape[0]
         self.has_steps = self.lengths > 0
-        sorted_lengths, sorted_rows = torch.sort(
-            self.lengths, descending=True, stable=True
-        )
-        self.steps = int(sorted_lengths[0]) if self.batch else 0
-        if self.steps == 0:
-            return
+        self.steps = int(self.lengths.max()) if self.batch else 0
+
+    # The packed form's fields, computed on first use: a training call runs
+    # the unpacked kernel and never needs them (`packed_preferred`).
+
+    @functools.cached_property
+    def _sorted(self):
+        # Rows by decreasing length (stable, as pack_padded_sequence sorts).
+        return torch.sort(self.lengths, descending=True, stable=True)
+
+    @functools.cached_property
+    def batch_sizes(self):
+        sorted_lengths = self._sorted[0]
         k = torch.arange(self.steps)
-        self.batch_sizes = (k[:, None] < sorted_lengths[None, :]).sum(1)
+        return (k[:, None] < sorted_lengths[None, :]).sum(1)
+
+    @functools.cached_property
+    def offsets(self):
         # offsets[k]: packed rows before step k.
-        self.offsets = torch.cumsum(self.batch_sizes, 0) - self.batch_sizes
+        return torch.cumsum(self.batch_sizes, 0) - self.batch_sizes
+
+    @functools.cached_property
+    def slot(self):
         # slot[b]: row b's place in the sorted order.
-        self.slot = torch.empty_like(sorted_rows)
-        self.slot[sorted_rows] = torch.arange(self.batch)
-        self.active = sorted_rows[: int(self.batch_sizes[0])]
+        sorted_rows = self._sorted[1]
+        slot = torch.empty_like(sorted_rows)
+        slot[sorted_rows] = torch.arange(self.batch)
+        return slot
+
+    @functools.cached_property
+    def active(self):
+        return self._sorted[1][: int(self.batch_sizes[0])]
 
     @classmethod
     def from_lengths(cls, lengths, time):
@@ -308,7 +330,7 @@ class Layout:
     def row(self, k, b, packed):
         """The kernel row of step `k` (reading order) of row `b`."""
         if packed:
-            return self.offsets[k] + self.slot[b]
+            return self.offsets.take(k) + self.slot.take(b)
         return b * self.time + k
 
     def read_index(self, packed, reverse=False):
@@ -321,9 +343,9 @@ class Layout:
         first, each row by its own length (a backward direction reads
         `3 2 1`, not `0 0 3 2 1`).
         """
-        count = self.count.reshape(-1)[self.valid]  # 1 .. length, in order
-        rows = self.valid_rows
-        rank = self.lengths[rows] - count if reverse else count - 1
+        count = self.count.take(self.valid)  # 1 .. length, in order
+        rows = torch.div(self.valid, self.time, rounding_mode="floor")
+        rank = self.lengths.take(rows) - count if reverse else count - 1
         zero_row = self.batch * self.time
         index = torch.full((self.rows(packed),), zero_row, dtype=self.valid.dtype)
         return index.scatter_(0, self.row(rank, rows, packed), self.valid)
@@ -508,8 +530,18 @@ def _states_at_length(inner, data, out, flat, initial_state, layout):
     return [h, c.to(h.dtype)]
 
 
-def _tensor(variable):
-    return keras.ops.convert_to_tensor(variable)
+def _tensor(value):
+    """The torch tensor of a Keras variable (its `.value`: autocast and
+    stateless scopes apply, as in `keras.ops.convert_to_tensor`) or of a
+    tensor. Tensors reaching this module were converted by the layer's
+    checks already (on Keras' device), so they pass as they are: the
+    generic conversion costs a few microseconds per call, about ten times
+    per direction."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, keras.Variable):
+        return value.value
+    return keras.ops.convert_to_tensor(value)
 
 
 def _plain_params(cell):
