@@ -121,7 +121,7 @@ def packed_preferred(inner, want_states):
     one does not (the CPU benchmark, B=32 T=100 D=U=64, 38% padding, one
     thread, `torch_packed` / `torch_unpacked` in
     docs/results/cpu-torch-rnn-{lstm,gru}.json: `nn.LSTM` fwd+bwd 23.8 /
-    4.8 ms, fwd 4.2 / 1.5 ms; `nn.GRU` fwd+bwd 20.2 / 13.7 ms, fwd 3.3 / 3.5
+    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 21.0 / 14.2 ms, fwd 3.4 / 3.6
     ms). So training runs the unpacked kernel over the zero-padded
     valid-first data (the caller then reads the states at each row's length,
     recomputing an LSTM's cell state), and so does an LSTM's inference
