@@ -406,4 +406,12 @@ class MaskedWrapper(keras.layers.Layer):
             ops.zeros(tuple(0 if d is None else d for d in shape), self.compute_dtype)
             for shape in shapes
         ]
+        return self._returned(outputs)
+
+    def _returned(self, outputs, bad_rows=None):
+        """What `call` returns from its list of outputs: the rows flagged by
+        `_checks.check_lengths` poisoned (`_checks.poison_rows`), then the
+        one tensor alone or the tuple."""
+        if bad_rows is not None:
+            outputs = _checks.poison_rows(outputs, bad_rows)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -292,9 +292,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             bwd_y = direction.last_output(bwd_y_rev, steps)
 
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        if bad_rows is not None:
-            outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self._returned(outputs, bad_rows)
 
     def _call_in_torch(self, x, mask, initial_state, bad_rows=None):
         """Both directions on PyTorch's kernels, from and back to the
@@ -309,9 +307,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             self.backward_layer, x, layout, bwd_state, True, place, self.return_state
         )
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        if bad_rows is not None:
-            outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self._returned(outputs, bad_rows)
 
     def _call_masked_loops(self, x, mask, initial_state, training):
         """Both directions in Keras' masked loop, in the caller's order
@@ -332,7 +328,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
         if not self.return_state:
             fwd_states = bwd_states = []
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self._returned(outputs)
 
     def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
         """The list of outputs: the two directions merged by `merge_mode`,

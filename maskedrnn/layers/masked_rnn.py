@@ -237,9 +237,7 @@ class MaskedRNN(direction.MaskedWrapper):
         else:
             y, states = self._run_valid_first(x, steps, read_mask, state, training)
         outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
-        if bad_rows is not None:
-            outputs = _checks.poison_rows(outputs, bad_rows)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return self._returned(outputs, bad_rows)
 
     def _run_in_torch(self, x, read_mask, state):
         """Outputs and states on PyTorch's kernel, straight from and back to
@@ -256,9 +254,8 @@ class MaskedRNN(direction.MaskedWrapper):
             place=place,
             want_states=self.return_state,
         )
-        if not self.return_sequences and self.zero_output_for_mask:
-            keep = ops.expand_dims(read_mask[:, -1], -1)
-            y = ops.where(keep, y, ops.zeros_like(y))
+        if not self.return_sequences:
+            y = self._zero_if_last_step_masked(y, read_mask)
         return y, states
 
     def _run_valid_first(self, x, steps, read_mask, state, training):
@@ -272,10 +269,18 @@ class MaskedRNN(direction.MaskedWrapper):
                 y = direction.held(y, read_mask, self.zero_output_for_mask, steps.rank)
         else:
             y = direction.last_output(y, steps)
-            if self.zero_output_for_mask and read_mask is not None:
-                keep = ops.expand_dims(read_mask[:, -1], -1)
-                y = ops.where(keep, y, ops.zeros_like(y))
+            if read_mask is not None:
+                y = self._zero_if_last_step_masked(y, read_mask)
         return y, states
+
+    def _zero_if_last_step_masked(self, y, read_mask):
+        """The last output `(batch, units)` as Keras' `RNN` returns it with
+        `zero_output_for_mask=True`: zeros for a row whose last step (in
+        reading order) is masked; `y` unchanged otherwise."""
+        if not self.zero_output_for_mask:
+            return y
+        keep = ops.expand_dims(read_mask[:, -1], -1)
+        return ops.where(keep, y, ops.zeros_like(y))
 
     # ---------------------------------------------------------------- config
 
