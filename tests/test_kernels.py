@@ -140,8 +140,11 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     """With no gradient recorded, PyTorch's packed kernel is handed exactly
     sum(lengths) steps (t-major, `batch_sizes[t]` = rows longer than t), and
     NaN in the padding changes nothing. While gradients are recorded the
-    unpacked kernel runs (its backward is faster) over zeroed padding."""
+    unpacked kernel runs (its backward is faster) over zeroed padding; for a
+    GRU that is `GRUFunction` (the same equations, a cheaper backward)."""
     import torch
+
+    from maskedrnn import _torch_kernels
 
     seen = []
     for name in ("lstm", "gru", "rnn_tanh"):
@@ -153,6 +156,14 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
             return _original(data, second, *args)
 
         monkeypatch.setattr(torch, name, spy)
+    gru_function = []
+    original_apply = _torch_kernels.GRUFunction.apply
+
+    def apply_spy(x, *args):
+        gru_function.append(tuple(x.shape))
+        return original_apply(x, *args)
+
+    monkeypatch.setattr(_torch_kernels.GRUFunction, "apply", apply_spy)
     ours, ref = oracle_pair(
         kind, U, D, wrapper="rnn", return_sequences=True, return_state=True
     )
@@ -171,7 +182,10 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     xt = x_nan.clone().requires_grad_(True)
     out = ours(xt, mask=mask)
     assert_close(out, ref(x, mask=mask))
-    assert seen == [((B, T, D), None)]
+    if kind == "gru":
+        assert seen == [] and gru_function == [(B, T, D)]
+    else:
+        assert seen == [((B, T, D), None)] and gru_function == []
     sum(o.sum() for o in out).backward()
     grad = xt.grad.numpy()
     assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0)

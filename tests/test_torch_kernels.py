@@ -436,6 +436,91 @@ def test_inference_params_follow_every_weight_change(kind):
         assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
 
 
+# ------------------------------------------ GRUFunction: a GRU for training
+
+
+def gru_module(bias=True, dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.GRU(D, U, batch_first=True, bias=bias).to(dtype)
+
+
+def gru_function_args(module, x, h0):
+    biases = [module.bias_ih_l0, module.bias_hh_l0] if module.bias else [None, None]
+    return (x, h0, module.weight_ih_l0, module.weight_hh_l0, *biases)
+
+
+@pytest.mark.parametrize("steps", [T, 1])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gru_function_matches_pytorchs_gru_and_its_gradients(bias, steps):
+    """Oracle: `nn.GRU` and PyTorch's autograd through it. Outputs and the
+    gradients w.r.t. the inputs, the initial state and every weight."""
+    module = gru_module(bias)
+    rng = np.random.default_rng(4)
+    x = torch.tensor(rng.standard_normal((B, steps, D)), dtype=torch.float32)
+    h0 = torch.tensor(rng.standard_normal((B, U)), dtype=torch.float32)
+    x.requires_grad_(True)
+    h0.requires_grad_(True)
+    w = torch.tensor(rng.standard_normal((B, steps, U)), dtype=torch.float32)
+    wanted = [x, h0, *module.parameters()]
+    expected, _ = module(x, h0[None])
+    expected_grads = torch.autograd.grad((expected * w).sum(), wanted)
+    got = _torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0))
+    got_grads = torch.autograd.grad((got * w).sum(), wanted)
+    np.testing.assert_allclose(to_np(got), to_np(expected), atol=1e-6)
+    assert len(got_grads) == len(expected_grads) == (6 if bias else 4)
+    for g, e in zip(got_grads, expected_grads):
+        np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_gru_function_passes_gradcheck_and_refuses_a_second_derivative(bias):
+    """Finite differences in float64 (`torch.autograd.gradcheck`); the
+    backward pass is once-differentiable: asking for a second derivative
+    raises instead of returning a wrong one."""
+    module = gru_module(bias, torch.float64)
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.standard_normal((2, 4, D)), requires_grad=True)
+    h0 = torch.tensor(rng.standard_normal((2, U)), requires_grad=True)
+    args = gru_function_args(module, x, h0)
+    assert torch.autograd.gradcheck(_torch_kernels.GRUFunction.apply, args)
+    y = _torch_kernels.GRUFunction.apply(*args)
+    (grad_x,) = torch.autograd.grad(y.square().sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_x.sum().backward()
+
+
+def test_masked_gru_training_runs_gru_function_with_initial_state_gradients(
+    monkeypatch,
+):
+    """While gradients are recorded a masked GRU's directions run
+    `GRUFunction`; the gradients w.r.t. the inputs, the initial states and
+    every weight equal Keras' masked Bidirectional's."""
+    calls = []
+    original = _torch_kernels.GRUFunction.apply
+
+    def spy(*args):
+        calls.append(tuple(args[0].shape))
+        return original(*args)
+
+    monkeypatch.setattr(_torch_kernels.GRUFunction, "apply", spy)
+    ours, ref = pair(NATIVE["gru"], return_state=False)
+    rng = np.random.default_rng(6)
+    x = inputs(8)
+    states = [rng.standard_normal((B, U)).astype("float32") for _ in range(2)]
+    got, expected = [], []
+    for layer, found in ((ours, got), (ref, expected)):
+        xt = torch.tensor(x, requires_grad=True)
+        st = [torch.tensor(s, requires_grad=True) for s in states]
+        out = layer(xt, mask=MASK, initial_state=st)
+        loss = (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+        variables = [v.value for v in layer.trainable_variables]
+        found.extend(torch.autograd.grad(loss, [xt, *st, *variables]))
+    assert calls == ([(B, T, D)] * 2 if native_here(ours) else [])
+    assert len(got) == len(expected) == 3 + 6
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-4)
+
+
 # ------------------------------------------------ refused up front, visibly
 
 
