@@ -472,6 +472,28 @@ def test_gru_function_matches_pytorchs_gru_and_its_gradients(bias, steps):
         np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-5)
 
 
+def test_gru_function_gradients_of_weights_only_and_a_retained_graph():
+    """Inputs without gradients (a first layer over data) get none, the
+    weights' still equal `nn.GRU`'s; a graph kept with `retain_graph=True`
+    gives the same gradients on a second backward pass (the backward pass
+    must not overwrite what the forward pass saved)."""
+    module = gru_module()
+    rng = np.random.default_rng(7)
+    x = torch.tensor(rng.standard_normal((B, T, D)), dtype=torch.float32)
+    h0 = torch.zeros(B, U)
+    w = torch.tensor(rng.standard_normal((B, T, U)), dtype=torch.float32)
+    params = list(module.parameters())
+    expected, _ = module(x, h0[None])
+    expected_grads = torch.autograd.grad((expected * w).sum(), params)
+    loss = (_torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0)) * w)
+    loss = loss.sum()
+    first = torch.autograd.grad(loss, params, retain_graph=True)
+    second = torch.autograd.grad(loss, params)
+    for g1, g2, e in zip(first, second, expected_grads):
+        np.testing.assert_allclose(to_np(g1), to_np(e), atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(to_np(g2), to_np(g1))
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_gru_function_passes_gradcheck_and_refuses_a_second_derivative(bias):
     """Finite differences in float64 (`torch.autograd.gradcheck`); the
