@@ -6,14 +6,17 @@ in Python (`keras/src/backend/torch/rnn.py`, `_fallback_lstm`: a matmul and a
 few elementwise ops per step, each dispatched separately), and `SimpleRNN`
 always runs Keras' generic loop. PyTorch's own kernels do the same arithmetic
 in C++; at the CPU benchmark's sizes (B=32 T=100 D=U=64) that makes the
-layer 4.9x / 3.1x faster than Keras' unmasked loop for LSTM and 1.8x / 1.9x
+layer 4.9x / 3.1x faster than Keras' unmasked loop for LSTM and 2.6x / 1.8x
 for GRU, fwd+bwd / fwd (`scripts/bench_cpu.sh torch-lstm torch-gru`, results
 in docs/results/cpu-torch-{lstm,gru}.json and docs/benchmarks.md). So on
 the torch backend, on CPU, `MaskedBidirectional` and `MaskedRNN` call them
 directly for each direction (`maskedrnn.layers.kernels`). The outputs are
 the same function of the same weights (PyTorch's LSTM and reset-after GRU
 equations are Keras'; only the GRU gate order differs, see `_gru_params`),
-so gradients reach the Keras variables through PyTorch's autograd.
+so gradients reach the Keras variables through PyTorch's autograd. One
+exception to "PyTorch's kernel": a GRU whose gradients are recorded runs
+`GRUFunction`, the same equations in torch ops with a cheaper backward pass
+than the autograd replay of `torch.gru`'s per-step ops.
 
 The same direction logic as `maskedrnn.layers.direction` (valid steps
 first, reversed by each row's own length for a backward direction, padding
@@ -121,9 +124,10 @@ def packed_preferred(inner, want_states):
     one does not (the CPU benchmark, B=32 T=100 D=U=64, 38% padding, one
     thread, `torch_packed` / `torch_unpacked` in
     docs/results/cpu-torch-rnn-{lstm,gru}.json: `nn.LSTM` fwd+bwd 23.8 /
-    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 21.0 / 14.2 ms, fwd 3.4 / 3.6
+    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 20.2 / 13.5 ms, fwd 3.1 / 3.4
     ms). So training runs the unpacked kernel over the zero-padded
-    valid-first data (the caller then reads the states at each row's length,
+    valid-first data (a GRU's is `GRUFunction`, 11.8 ms for the whole layer
+    there; the caller then reads the states at each row's length,
     recomputing an LSTM's cell state), and so does an LSTM's inference
     without states; other inference runs packed (for an LSTM with states
     that is cheaper than the unpacked kernel plus the recomputation).
@@ -173,6 +177,12 @@ def run(inner, x, initial_state, lengths, packed):
     return _unpacked(inner, x, states), None
 
 
+def runs_gru_function(inner):
+    """Whether the unpacked kernel for `inner` is `GRUFunction` now: for a
+    GRU while gradients are recorded (`torch.gru` otherwise)."""
+    return type(inner) is GRU and torch.is_grad_enabled()
+
+
 def _unpacked(inner, data, states):
     """The outputs `(batch, time, units)` of the unpacked kernel over
     `data` `(batch, time, features)` from `states` (a list of `(batch,
@@ -181,7 +191,7 @@ def _unpacked(inner, data, states):
     cell = inner.cell
     # PyTorch's states are (num_layers * num_directions, batch, units).
     params, fn, hx = _kernel(inner, [state[None] for state in states])
-    if fn is torch.gru and torch.is_grad_enabled() and data.numel():
+    if runs_gru_function(inner) and data.numel():
         biases = params[2:] if cell.use_bias else [None, None]
         return GRUFunction.apply(data, states[0], params[0], params[1], *biases)
     # Unpacked form: (input, hx, params, *flags, batch_first).
@@ -610,8 +620,11 @@ class GRUFunction(torch.autograd.Function):
     backwards (per step an elementwise product, an `addcmul` and one
     `(batch, 3 units) x (3 units, units)` matmul) and gets the gradients
     of the weights and the inputs with one matmul each over all steps.
-    At the CPU benchmark's size (B=32 T=100 D=U=64, one thread) that is
-    about 0.8 of `nn.GRU`'s fwd+bwd time (docs/benchmarks.md).
+    At the CPU benchmark's size (B=32 T=100 D=U=64, 38% padding, one
+    thread) the whole `MaskedRNN(GRU)` training step takes 0.79-0.88 of
+    `nn.GRU`'s over the same padded batch (`maskedrnn/torch_unpacked`,
+    fwd+bwd, docs/results/cpu-torch-{gru,rnn-gru*}.json), where with
+    `torch.gru` it took 1.10.
 
     Equations (PyTorch's gate order r, z, n; `*` elementwise; `h_{-1}`
     the initial state):

@@ -543,6 +543,16 @@ def test_masked_gru_training_runs_gru_function_with_initial_state_gradients(
         np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-4)
 
 
+def test_kernel_info_names_gru_function_only_while_gradients_are_recorded():
+    ours, _ = pair(NATIVE["gru"], return_state=False)
+    if not native_here(ours):
+        pytest.skip("PyTorch's kernels run on a CPU only")
+    assert "GRUFunction" in ours.kernel_info()["forward"]
+    with torch.no_grad():
+        info = ours.kernel_info()["forward"]
+    assert "GRUFunction" not in info and "packed valid steps" in info
+
+
 # ------------------------------------------------ refused up front, visibly
 
 
