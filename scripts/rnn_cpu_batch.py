@@ -1,6 +1,7 @@
 """The batch of the CPU benchmark's MaskedRNN runs, for the torch scripts
-(`profile_rnn_torch.py`, `torch_forward_floor.py`): B=32 T=100 D=64, lengths
-uniform in [20, 100], left-padded, zeros at the padding."""
+(`profile_rnn_torch.py`, `torch_forward_floor.py`, `torch_gru_paths.py`):
+B=32 T=100 D=64, lengths uniform in [20, 100], left-padded, zeros at the
+padding."""
 
 import numpy as np
 
