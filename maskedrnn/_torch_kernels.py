@@ -624,9 +624,9 @@ class GRUFunction(torch.autograd.Function):
     thread) the whole `MaskedRNN(GRU)` training step takes 0.79-0.88 of
     `nn.GRU`'s over the same padded batch (`maskedrnn/torch_unpacked`,
     fwd+bwd, docs/results/cpu-torch-{gru,rnn-gru*}.json), where with
-    `torch.gru` it took 1.10; the direction alone takes 0.76 of `torch.gru`
-    unpacked's time (scripts/torch_gru_paths.py,
-    docs/results/torch-gru-paths.txt).
+    `torch.gru` it took 1.10; the direction alone takes 0.72 of `torch.gru`
+    unpacked's time there, and 0.36-0.92 at six other sizes
+    (scripts/torch_gru_paths.py, docs/results/torch-gru-paths.txt).
 
     Equations (PyTorch's gate order r, z, n; `*` elementwise; `h_{-1}`
     the initial state):

@@ -21,6 +21,11 @@ Inference (forward, `torch.no_grad()`):
   steps only (rows sorted by length, fewer rows each step): the best a
   Python loop could do in inference.
 
+Then training at other sizes (full-length rows of random data, fwd+bwd
+w.r.t. the inputs and the weights): `torch.gru` unpacked against
+`GRUFunction`, the better of two medians of 15 calls each: is
+`GRUFunction` the faster one everywhere, not only at the benchmark's size?
+
 Each case's median of 100 rounds (every case once a round, in order) after
 5 warm-up calls, and the largest difference of its outputs from
 `torch.gru packed` at the valid steps (and, in training, of its gradients
@@ -191,3 +196,49 @@ print(
 )
 report("training, fwd+bwd", train_cases, "torch.gru unpacked", "torch.gru unpacked")
 report("inference, forward", infer_cases, "torch.gru packed")
+
+
+SIZES = [
+    (8, 100, 64, 64),
+    (128, 100, 64, 64),
+    (16, 400, 32, 32),
+    (32, 50, 256, 256),
+    (64, 200, 128, 128),
+    (256, 30, 128, 512),
+]
+
+
+def best_median(fn, calls=15, warmup=3):
+    result = []
+    for _ in range(2):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        result.append(float(np.median(times)) * 1e3)
+    return min(result)
+
+
+print("training, fwd+bwd, other sizes (full rows)")
+print(f"{'B':>4s} {'T':>4s} {'D':>4s} {'U':>4s} {'torch.gru ms':>12s} "
+      f"{'GRUFunction ms':>14s} {'ratio':>6s}")
+for b, t, d, u in SIZES:
+    torch.manual_seed(0)
+    weights = list(torch.nn.GRU(d, u, batch_first=True).parameters())
+    xs, hs, ws = torch.randn(b, t, d), torch.zeros(b, u), torch.randn(b, t, u)
+
+    def sized(fn, xs=xs, hs=hs, ws=ws, weights=weights):
+        def step():
+            xl = xs.detach().requires_grad_(True)
+            y = fn(xl, hs, *weights)
+            return torch.autograd.grad((y * ws).sum(), [xl, *weights])
+
+        return step
+
+    theirs = best_median(sized(gru_unpacked))
+    ours = best_median(sized(_torch_kernels.GRUFunction.apply))
+    print(f"{b:4d} {t:4d} {d:4d} {u:4d} {theirs:12.2f} {ours:14.2f} "
+          f"{ours / theirs:6.2f}")
