@@ -621,8 +621,9 @@ class GRUFunction(torch.autograd.Function):
     `(batch, 3 units) x (3 units, units)` matmul) and gets the gradients
     of the weights and the inputs with one matmul each over all steps.
     At the CPU benchmark's size (B=32 T=100 D=U=64, 38% padding, one
-    thread) the whole `MaskedRNN(GRU)` training step takes 0.79-0.88 of
-    `nn.GRU`'s over the same padded batch (`maskedrnn/torch_unpacked`,
+    thread) a whole training step of `MaskedRNN(GRU)` or
+    `MaskedBidirectional(GRU)` takes 0.79-0.88 of unpacked `nn.GRU`'s over
+    the same padded batch (`maskedrnn/torch_unpacked`,
     fwd+bwd, docs/results/cpu-torch-{gru,rnn-gru*}.json), where with
     `torch.gru` it took 1.10; the direction alone takes 0.72 of `torch.gru`
     unpacked's time there, and 0.36-0.92 at six other sizes
