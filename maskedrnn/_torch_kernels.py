@@ -211,24 +211,15 @@ def _flags(cell):
 
 def _kernel(inner, hx):
     """`(params, torch function, hx)` for `inner`; `hx` a list of
-    `(num_directions, rows, units)` states."""
+    `(1, rows, units)` states."""
     cell = inner.cell
     kind = type(inner)
     if kind is LSTM:
         return _params(cell, _plain_params), torch.lstm, tuple(hx)
     if kind is GRU:
         return _params(cell, _gru_params), torch.gru, hx[0]
-    return _params(cell, _plain_params), _function(inner), hx[0]
-
-
-def _function(inner):
-    """PyTorch's kernel function for `inner`."""
-    kind = type(inner)
-    if kind is LSTM:
-        return torch.lstm
-    if kind is GRU:
-        return torch.gru
-    return torch.rnn_tanh if inner.cell.activation in _TANH else torch.rnn_relu
+    fn = torch.rnn_tanh if cell.activation in _TANH else torch.rnn_relu
+    return _params(cell, _plain_params), fn, hx[0]
 
 
 # cell -> (source tensors, their versions, params): the kernel's params made
@@ -536,106 +527,6 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         return out.index_select(0, layout.last_index(packed)), states
     y = out.index_select(0, layout.place_index(place, packed, reverse))
     return y.reshape(batch, time, units), states
-
-
-def pairable(forward, backward, want_states):
-    """Whether the two directions of a bidirectional layer run now as one
-    call of PyTorch's bidirectional packed kernel (`run_pair`), as
-    `nn.GRU(bidirectional=True)` runs on a `PackedSequence`: when both would
-    run packed (inference, `packed_preferred`) and they are the same kind
-    of layer with the same units, input features, biases, activation and
-    weight dtype (a custom `backward_layer` may differ: its directions then
-    run one by one). Call only when both run on PyTorch's kernels here.
-    """
-    if type(forward) is not type(backward):
-        return False
-    if not packed_preferred(forward, want_states):
-        return False
-    f, b = forward.cell, backward.cell
-    f_kernel, b_kernel = _tensor(f.kernel), _tensor(b.kernel)
-    return (
-        f_kernel.shape == b_kernel.shape
-        and f_kernel.dtype == b_kernel.dtype
-        and f.use_bias == b.use_bias
-        and _function(forward) is _function(backward)
-    )
-
-
-def run_pair(forward, backward, x, initial_states, layout, place, want_states):
-    """Both directions of a bidirectional layer in one call of PyTorch's
-    bidirectional packed kernel (inference, only where `pairable`).
-
-    PyTorch's backward direction reads each packed row from its last valid
-    step to its first and puts each output at the step it read, so both
-    directions' outputs are placed with the forward reading's indices: one
-    gather in, one kernel call, one gather out.
-
-    Args:
-        forward, backward: The inner layers of the two directions.
-        x: Float tensor `(batch, time, features)` in the caller's order.
-        initial_states: `[forward states, backward states]`, each a list of
-            `(batch, units)` tensors or None for zeros.
-        layout: The batch's `Layout`.
-        place: `"zeros"` or `"last"`, as in `run_direction`.
-        want_states: Bool, whether to return the final states.
-
-    Returns:
-        `(forward outputs, forward states, backward outputs, backward
-        states)`: each direction's pair exactly as `run_direction` returns
-        it for that direction (`reverse=False` for the forward one, `True`
-        for the backward one).
-    """
-    if place not in ("zeros", "last"):
-        raise ValueError(f"place must be 'zeros' or 'last'; got {place!r}")
-    cell = forward.cell
-    dtype = _tensor(cell.kernel).dtype
-    units = _tensor(cell.recurrent_kernel).shape[0]
-    batch, time = layout.batch, layout.time
-    x = _tensor(x).to(dtype)
-    sizes = 2 if type(forward) is LSTM else 1
-    states = [
-        [x.new_zeros((batch, units)) for _ in range(sizes)]
-        if given is None
-        else [_tensor(state).to(dtype) for state in given]
-        for given in initial_states
-    ]
-    if layout.steps == 0:
-        # No row has a valid step: zeros and the initial states.
-        shape = (batch, units) if place == "last" else (batch, time, units)
-        fwd_states, bwd_states = states if want_states else ([], [])
-        return x.new_zeros(shape), fwd_states, x.new_zeros(shape), bwd_states
-    index = layout.read_index(True)
-    data = x.reshape(batch * time, x.shape[2]).index_select(0, index)
-    # PyTorch's states are (num_layers * num_directions, rows, units):
-    # forward then backward, for the rows with at least one valid step.
-    active = layout.active
-    hx = [
-        torch.stack([f.index_select(0, active), b.index_select(0, active)])
-        for f, b in zip(*states)
-    ]
-    fwd_params, fn, hx_arg = _kernel(forward, hx)
-    params = list(fwd_params) + list(_kernel(backward, hx)[0])
-    flags = _flags(cell)[:-1] + (True,)  # bidirectional
-    # Packed form: (data, batch_sizes, hx, params, *flags); out is (total,
-    # 2 * units), forward | backward.
-    out, *final = fn(data, layout.batch_sizes, hx_arg, params, *flags)
-    fwd_states, bwd_states = [], []
-    if want_states:
-        for state, last in zip(states[0], final):
-            fwd_states.append(state.index_copy(0, active, last[0]))
-        for state, last in zip(states[1], final):
-            bwd_states.append(state.index_copy(0, active, last[1]))
-    if place == "last":
-        # An RNN's output is its h: the forward one after each row's last
-        # valid step, the backward one after reading back to its first;
-        # zeros for a row with none.
-        zeros = x.new_zeros((batch, units))
-        fwd_y = zeros.index_copy(0, active, final[0][0])
-        bwd_y = zeros.index_copy(0, active, final[0][1])
-        return fwd_y, fwd_states, bwd_y, bwd_states
-    y = with_zero_row(out).index_select(0, layout.place_index("zeros", True))
-    y = y.reshape(batch, time, 2 * units)
-    return y[..., :units], fwd_states, y[..., units:], bwd_states
 
 
 def _states_at_length(inner, data, out, flat, initial_state, layout):

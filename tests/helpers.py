@@ -204,9 +204,8 @@ def spy_masks(inner_layers):
 def spy_native_kernels(monkeypatch):
     """Records the inner layer of every call of PyTorch's native kernels
     (`maskedrnn._torch_kernels.run`, over valid-first data, and
-    `run_direction`, a whole direction from the caller's order; `run_pair`,
-    both directions in one call, records both); returns the list (torch
-    backend only)."""
+    `run_direction`, a whole direction from the caller's order); returns the
+    list (torch backend only)."""
     from maskedrnn import _torch_kernels
 
     calls = []
@@ -218,14 +217,6 @@ def spy_native_kernels(monkeypatch):
             return _original(inner, *args, **kwargs)
 
         monkeypatch.setattr(_torch_kernels, name, spy)
-    original_pair = _torch_kernels.run_pair
-
-    def spy_pair(forward, backward, *args, **kwargs):
-        # One call for both directions: both inner layers, in that order.
-        calls.extend([forward, backward])
-        return original_pair(forward, backward, *args, **kwargs)
-
-    monkeypatch.setattr(_torch_kernels, "run_pair", spy_pair)
     return calls
 
 

@@ -381,10 +381,9 @@ def test_run_direction_rejects_an_unknown_place():
 def test_a_masked_call_runs_each_direction_from_the_callers_order(
     wrapper, monkeypatch
 ):
-    """A masked call runs on the caller's (unreordered) data, never the
-    valid-first `run`: with gradients `run_direction` once per direction
-    (unpacked); without, packed: `run_direction` for a single direction,
-    one `run_pair` (PyTorch's bidirectional packed kernel) for both."""
+    """A masked call runs `run_direction` once per direction on the caller's
+    (unreordered) data, never the valid-first `run`: packed without
+    gradients, unpacked with."""
     from maskedrnn import MaskedRNN
 
     calls = []
@@ -396,13 +395,6 @@ def test_a_masked_call_runs_each_direction_from_the_callers_order(
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(_torch_kernels, name, spy)
-    original_pair = _torch_kernels.run_pair
-
-    def spy_pair(*args, **kwargs):
-        calls.append(("run_pair", args[2], True))
-        return original_pair(*args, **kwargs)
-
-    monkeypatch.setattr(_torch_kernels, "run_pair", spy_pair)
     make = NATIVE["gru"]
     if wrapper == "rnn":
         ours = MaskedRNN(make(return_sequences=True))
@@ -414,148 +406,7 @@ def test_a_masked_call_runs_each_direction_from_the_callers_order(
         calls.clear()
         with torch.set_grad_enabled(grad):
             ours(x, mask=MASK)
-        if packed and directions == 2:
-            assert calls == [("run_pair", x, True)]
-        else:
-            assert calls == [("run_direction", x, packed)] * directions
-
-
-# ------------------------------- run_pair: both directions in one call
-
-
-def pair_states(ours, seed):
-    """Random initial states for both directions, Keras' flat list."""
-    rng = np.random.default_rng(seed)
-    n = 2 if isinstance(ours.forward_layer, keras.layers.LSTM) else 1
-    return [rng.standard_normal((B, U)).astype("float32") for _ in range(2 * n)]
-
-
-@pytest.mark.skipif(DEVICE != "cpu", reason="PyTorch's kernels run on a CPU only")
-@pytest.mark.parametrize("return_sequences", [True, False])
-@pytest.mark.parametrize("kind", sorted(NATIVE))
-def test_inference_runs_both_directions_in_one_call_and_matches_keras(
-    kind, return_sequences, native_calls
-):
-    """Without gradients both directions run as one call of PyTorch's
-    bidirectional packed kernel (as `nn.GRU(bidirectional=True)` on a
-    PackedSequence), an LSTM without states excepted (its unpacked
-    oneDNN kernel is faster). Oracle: Keras' masked `Bidirectional`, every
-    mask pattern (holes, an all-padding row), initial states, outputs and
-    final states; `kernel_info` says so."""
-    ours, ref = pair(NATIVE[kind], return_sequences=return_sequences)
-    states = pair_states(ours, 12)
-    x = inputs(12)
-    pairs = []
-    original = _torch_kernels.run_pair
-
-    def spy(*args, **kwargs):
-        pairs.append(args[:2])
-        return original(*args, **kwargs)
-
-    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_torch_kernels, "run_pair", spy)
-        got = ours(x, mask=MASK, initial_state=states)
-        info = ours.kernel_info()
-    assert pairs == [(ours.forward_layer, ours.backward_layer)]
-    assert all("one bidirectional call" in sentence for sentence in info.values())
-    assert_close(got, ref(x, mask=MASK, initial_state=states))
-    # With gradients: one direction at a time, and kernel_info says nothing
-    # of a pair.
-    assert "one bidirectional call" not in ours.kernel_info()["forward"]
-
-
-@pytest.mark.skipif(DEVICE != "cpu", reason="PyTorch's kernels run on a CPU only")
-@pytest.mark.parametrize("place", ["zeros", "last"])
-@pytest.mark.parametrize("kind", ["lstm", "gru", "simple_relu"])
-def test_run_pair_equals_two_directions(kind, place):
-    """`run_pair` returns what `run_direction` returns for each direction
-    (forward reading, then backward): outputs and states, with and without
-    states wanted, and for a batch with no valid step at all."""
-    ours, _ = pair(NATIVE[kind])
-    fwd, bwd = ours.forward_layer, ours.backward_layer
-    x = torch.tensor(inputs(13))
-    n = 2 if kind == "lstm" else 1
-    rng = np.random.default_rng(13)
-    states = [
-        [torch.tensor(rng.standard_normal((B, U)), dtype=torch.float32)] * n
-        for _ in range(2)
-    ]
-    for mask in (MASK, np.zeros_like(MASK)):
-        layout = _torch_kernels.Layout(torch.tensor(mask))
-        for want in (True, False):
-            with torch.no_grad():
-                got = _torch_kernels.run_pair(fwd, bwd, x, states, layout, place, want)
-                one = _torch_kernels.run_direction(
-                    fwd, x, states[0], layout, False, place, True, want
-                )
-                other = _torch_kernels.run_direction(
-                    bwd, x, states[1], layout, True, place, True, want
-                )
-            expected = (*one, *other)
-            assert len(got) == 4
-            for g, e in zip(got, expected):
-                if isinstance(e, list):
-                    assert len(g) == len(e) == (n if want else 0)
-                    for gs, es in zip(g, e):
-                        np.testing.assert_allclose(to_np(gs), to_np(es), atol=1e-6)
-                else:
-                    np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-6)
-
-
-def test_run_pair_refuses_a_place_it_does_not_serve():
-    ours, _ = pair(NATIVE["gru"])
-    layout = _torch_kernels.Layout(torch.tensor(MASK))
-    with pytest.raises(ValueError, match="place must be 'zeros' or 'last'"):
-        _torch_kernels.run_pair(
-            ours.forward_layer,
-            ours.backward_layer,
-            inputs(),
-            [None, None],
-            layout,
-            "held",
-            True,
-        )
-
-
-@pytest.mark.skipif(DEVICE != "cpu", reason="PyTorch's kernels run on a CPU only")
-def test_unlike_directions_run_one_by_one_and_stay_exact(native_calls):
-    """A custom `backward_layer` with other units (or another activation)
-    cannot share one bidirectional call: its directions run one by one in
-    inference too, with the same results as Keras' masked layer."""
-    for forward, backward in (
-        (
-            keras.layers.GRU(U, return_sequences=True),
-            keras.layers.GRU(U + 1, return_sequences=True, go_backwards=True),
-        ),
-        (
-            keras.layers.SimpleRNN(U, return_sequences=True),
-            keras.layers.SimpleRNN(
-                U, activation="relu", return_sequences=True, go_backwards=True
-            ),
-        ),
-    ):
-        ours = MaskedBidirectional(forward, backward_layer=backward)
-        ref = keras.layers.Bidirectional(
-            oracle_copy(forward), backward_layer=oracle_copy(backward)
-        )
-        ours.build((None, None, D))
-        ref.build((None, None, D))
-        ref.set_weights(ours.get_weights())
-        native_calls.clear()
-        with torch.no_grad():
-            assert_close(ours(inputs(14), mask=MASK), ref(inputs(14), mask=MASK))
-            assert "one bidirectional call" not in ours.kernel_info()["forward"]
-        assert native_calls == [ours.forward_layer, ours.backward_layer]
-        assert not _torch_kernels.pairable(
-            ours.forward_layer, ours.backward_layer, False
-        )
-    # An LSTM without states keeps PyTorch's unpacked oneDNN kernel, one
-    # direction at a time, in inference too.
-    ours, ref = pair(NATIVE["lstm"], return_state=False)
-    native_calls.clear()
-    with torch.no_grad():
-        assert_close(ours(inputs(15), mask=MASK), ref(inputs(15), mask=MASK))
-    assert native_calls == [ours.forward_layer, ours.backward_layer]
+        assert calls == [("run_direction", x, packed)] * directions
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -634,8 +485,8 @@ def test_gru_function_gradients_of_weights_only_and_a_retained_graph():
     params = list(module.parameters())
     expected, _ = module(x, h0[None])
     expected_grads = torch.autograd.grad((expected * w).sum(), params)
-    y = _torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0))
-    loss = (y * w).sum()
+    loss = (_torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0)) * w)
+    loss = loss.sum()
     first = torch.autograd.grad(loss, params, retain_graph=True)
     second = torch.autograd.grad(loss, params)
     for g1, g2, e in zip(first, second, expected_grads):

@@ -207,46 +207,6 @@ def run_in_torch(
     )
 
 
-def runs_as_pair(forward, backward, where, want_states):
-    """True when a bidirectional layer's two directions run now as one call
-    of PyTorch's bidirectional packed kernel (`run_pair_in_torch`): both
-    run on PyTorch's kernels (`runs_in_torch`) and
-    `_torch_kernels.pairable` (inference, matching layers)."""
-    return (
-        runs_in_torch(forward, where, want_states)
-        and runs_in_torch(backward, where, want_states)
-        and kernels.torch_kernels().pairable(forward, backward, want_states)
-    )
-
-
-def run_pair_in_torch(
-    forward, backward, x, layout, initial_states, place="zeros", want_states=True
-):
-    """Both directions of a bidirectional layer on PyTorch's kernels, in
-    the caller's order; only where `runs_in_torch` is True for both.
-
-    One call of PyTorch's bidirectional packed kernel where
-    `_torch_kernels.pairable` (inference, the two inner layers alike: what
-    `nn.GRU(bidirectional=True)` runs on a `PackedSequence`); otherwise
-    `run_in_torch` for each, the backward one reading each row's valid
-    steps last to first. The same results either way.
-
-    Returns:
-        `(forward outputs, forward states, backward outputs, backward
-        states)`, each as `run_in_torch` returns it (`place` `"zeros"` or
-        `"last"`).
-    """
-    torch_kernels = kernels.torch_kernels()
-    if torch_kernels.pairable(forward, backward, want_states):
-        return torch_kernels.run_pair(
-            forward, backward, x, initial_states, layout, place, want_states
-        )
-    fwd_state, bwd_state = initial_states
-    fwd = run_in_torch(forward, x, layout, fwd_state, False, place, want_states)
-    bwd = run_in_torch(backward, x, layout, bwd_state, True, place, want_states)
-    return (*fwd, *bwd)
-
-
 def run(inner, x, steps, initial_state=None, training=None, want_states=True):
     """Runs `inner` over valid-first `x`; returns `(outputs, states)`.
 

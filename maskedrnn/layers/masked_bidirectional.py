@@ -234,25 +234,11 @@ class MaskedBidirectional(direction.MaskedWrapper):
             `rnn_relu`, torch backend on CPU), Keras' unmasked inner layer
             (its backend picks a fused kernel such as cuDNN when it can), or
             Keras' masked step loop (no fused kernel to keep for that
-            layer here), each with the reason it was chosen. When both
-            directions run as one call of PyTorch's bidirectional packed
-            kernel (torch inference on CPU, matching inner layers) both
-            sentences say so.
+            layer here), each with the reason it was chosen.
         """
-        info = self._kernel_info(
+        return self._kernel_info(
             {"forward": self.forward_layer, "backward": self.backward_layer}, inputs
         )
-        where = self.forward_layer.cell.kernel if inputs is None else inputs
-        if direction.runs_as_pair(
-            self.forward_layer, self.backward_layer, where, self.return_state
-        ):
-            for key in info:
-                info[key] += (
-                    "; both directions in one bidirectional call of that "
-                    "kernel, as PyTorch's bidirectional module runs on a "
-                    "PackedSequence"
-                )
-        return info
 
     # ------------------------------------------------------------------- call
 
@@ -310,19 +296,15 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     def _call_in_torch(self, x, mask, initial_state, bad_rows=None):
         """Both directions on PyTorch's kernels, from and back to the
-        caller's order (`direction.run_pair_in_torch`, one layout shared;
-        in inference one bidirectional call of the packed kernel)."""
-        initial_states = self._split_initial_state(initial_state, x)
+        caller's order (`direction.run_in_torch`, one layout shared)."""
+        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         place = "zeros" if self.return_sequences else "last"
         layout = direction.torch_layout(mask)
-        fwd_y, fwd_states, bwd_y, bwd_states = direction.run_pair_in_torch(
-            self.forward_layer,
-            self.backward_layer,
-            x,
-            layout,
-            initial_states,
-            place,
-            self.return_state,
+        fwd_y, fwd_states = direction.run_in_torch(
+            self.forward_layer, x, layout, fwd_state, False, place, self.return_state
+        )
+        bwd_y, bwd_states = direction.run_in_torch(
+            self.backward_layer, x, layout, bwd_state, True, place, self.return_state
         )
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
         return self._returned(outputs, bad_rows)
