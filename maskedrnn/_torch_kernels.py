@@ -14,9 +14,10 @@ directly for each direction (`maskedrnn.layers.kernels`). The outputs are
 the same function of the same weights (PyTorch's LSTM and reset-after GRU
 equations are Keras'; only the GRU gate order differs, see `_gru_params`),
 so gradients reach the Keras variables through PyTorch's autograd. One
-exception to "PyTorch's kernel": a GRU whose gradients are recorded runs
-`GRUFunction`, the same equations in torch ops with a cheaper backward pass
-than the autograd replay of `torch.gru`'s per-step ops.
+exception to "PyTorch's kernel": a GRU or SimpleRNN whose gradients are
+recorded runs `GRUFunction` / `SimpleRNNFunction`, the same equations in
+torch ops with a cheaper backward pass than the autograd replay of
+`torch.gru`'s / `torch.rnn_tanh`'s per-step ops (`autograd_function`).
 
 The same direction logic as `maskedrnn.layers.direction` (valid steps
 first, reversed by each row's own length for a backward direction, padding
@@ -177,23 +178,32 @@ def run(inner, x, initial_state, lengths, packed):
     return _unpacked(inner, x, states), None
 
 
-def runs_gru_function(inner):
-    """Whether the unpacked kernel for `inner` is `GRUFunction` now: for a
-    GRU while gradients are recorded (`torch.gru` otherwise)."""
-    return type(inner) is GRU and torch.is_grad_enabled()
+def autograd_function(inner):
+    """The `torch.autograd.Function` that runs the unpacked kernel for
+    `inner` now, or None for PyTorch's own kernel function: while gradients
+    are recorded, `GRUFunction` for a GRU and `SimpleRNNFunction` for a
+    SimpleRNN (the same equations with a cheaper backward pass; PyTorch's
+    LSTM training kernel is its fused oneDNN one, faster than either)."""
+    if not torch.is_grad_enabled():
+        return None
+    return {GRU: GRUFunction, SimpleRNN: SimpleRNNFunction}.get(type(inner))
 
 
 def _unpacked(inner, data, states):
     """The outputs `(batch, time, units)` of the unpacked kernel over
     `data` `(batch, time, features)` from `states` (a list of `(batch,
-    units)` tensors). With gradients recorded a GRU runs `GRUFunction`
-    (the same equations, a cheaper backward pass)."""
+    units)` tensors). With gradients recorded a GRU or SimpleRNN runs its
+    `autograd_function` (the same equations, a cheaper backward pass)."""
     cell = inner.cell
     # PyTorch's states are (num_layers * num_directions, batch, units).
     params, fn, hx = _kernel(inner, [state[None] for state in states])
-    if runs_gru_function(inner) and data.numel():
+    function = autograd_function(inner)
+    if function is not None and data.numel():
         biases = params[2:] if cell.use_bias else [None, None]
-        return GRUFunction.apply(data, states[0], params[0], params[1], *biases)
+        args = (data, states[0], params[0], params[1], *biases)
+        if function is SimpleRNNFunction:
+            args += (fn is torch.rnn_relu,)
+        return function.apply(*args)
     # Unpacked form: (input, hx, params, *flags, batch_first).
     return fn(data, hx, params, *_flags(cell), True)[0]
 
@@ -748,3 +758,92 @@ class GRUFunction(torch.autograd.Function):
             grad_b_ih = torch.cat([dgi_rz.sum(0), dgi_n.sum(0)])
             grad_b_hh = dgh.sum(0)
         return grad_x, grad_h0, grad_w_ih, grad_w_hh, grad_b_ih, grad_b_hh
+
+
+class SimpleRNNFunction(torch.autograd.Function):
+    """One SimpleRNN direction for training on a CPU: PyTorch's equations
+    (`torch.rnn_tanh` / `torch.rnn_relu`), a backward pass with one small
+    matmul per step.
+
+    As `GRUFunction`: the forward pass runs the steps in torch ops (the
+    input projections of all steps in one matmul, per step one `addmm_`
+    and the activation in place) and keeps the outputs; the backward pass
+    runs only the recurrence of the state's gradient step by step (per
+    step an elementwise product and one `(batch, units) x (units, units)`
+    matmul) and gets the gradients of the weights and the inputs with one
+    matmul each over all steps, where autograd's replay of `torch.rnn_tanh`
+    runs several ops and two matmuls per step. One thread: 0.66 (tanh) /
+    0.70 (relu) of PyTorch's kernel's fwd+bwd time at B=32 T=100 D=U=64,
+    0.38-0.97 at six other sizes (scripts/torch_rnn_paths.py,
+    docs/results/torch-rnn-paths.txt).
+
+    Equations (`h_{-1}` the initial state, `f` tanh or relu):
+
+        h_t = f(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)
+
+    Backward, with `dh_t` the whole gradient reaching `h_t` (from the
+    output `y_t = h_t` and from step `t + 1`) and `f'` read off the output
+    (`1 - h_t^2` for tanh; `h_t > 0` for relu, as PyTorch's relu backward):
+
+        d pre_t = dh_t * f'_t,   dh_{t-1} = dy_{t-1} + d pre_t W_hh
+
+    Once differentiable, as `GRUFunction`.
+
+    `SimpleRNNFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh, relu)`: `x`
+    `(batch, time, features)` with `batch, time > 0`, `h0` `(batch,
+    units)`, the weights in PyTorch's layout (`_plain_params`), the biases
+    None without biases, `relu` a bool (False: tanh). Returns the outputs
+    `(batch, time, units)`.
+    """
+
+    @staticmethod
+    def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, relu):
+        batch, time, features = x.shape
+        units = h0.shape[1]
+        # Time-major: step t is one contiguous block, which becomes h_t.
+        xt = x.transpose(0, 1).reshape(time * batch, features)
+        w_ih_t, w_hh_t = w_ih.t(), w_hh.t()
+        if b_ih is None:
+            y = xt.mm(w_ih_t)
+        else:
+            y = torch.addmm(b_ih + b_hh, xt, w_ih_t)
+        y = y.view(time, batch, units)
+        h = h0
+        for y_t in y.unbind(0):
+            h = y_t.addmm_(h, w_hh_t)
+            h = h.relu_() if relu else h.tanh_()
+        ctx.save_for_backward(xt, h0, w_ih, w_hh, y)
+        ctx.has_biases, ctx.relu = b_ih is not None, relu
+        return y.transpose(0, 1)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y):
+        xt, h0, w_ih, w_hh, y = ctx.saved_tensors
+        time, batch, units = y.shape
+        # f' of every step at once, in the buffer that becomes d pre.
+        if ctx.relu:
+            dpre = (y > 0).to(y.dtype)
+        else:
+            dpre = torch.mul(y, y).neg_().add_(1)
+        grad_y = grad_y.transpose(0, 1)
+        dh = grad_y[-1].clone()  # the whole gradient reaching h_t
+        dpre_t, grad_t = dpre.unbind(0), grad_y.unbind(0)
+        for t in range(time - 1, 0, -1):
+            dpre_t[t].mul_(dh)
+            torch.addmm(grad_t[t - 1], dpre_t[t], w_hh, out=dh)
+        dpre_t[0].mul_(dh)
+        grad_h0 = dpre_t[0].mm(w_hh)
+        dpre = dpre.view(time * batch, units)
+        grad_x = grad_w_ih = grad_w_hh = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = dpre.mm(w_ih).view(time, batch, -1).transpose(0, 1)
+        if ctx.needs_input_grad[2]:
+            grad_w_ih = dpre.t().mm(xt)
+        if ctx.needs_input_grad[3]:
+            # sum over t of d pre_t^T h_{t-1}
+            grad_w_hh = dpre[:batch].t().mm(h0)
+            grad_w_hh.addmm_(dpre[batch:].t(), y[:-1].reshape(-1, units))
+        if ctx.has_biases:
+            grad_b = dpre.sum(0)
+        return grad_x, grad_h0, grad_w_ih, grad_w_hh, grad_b, grad_b, None

@@ -141,7 +141,8 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     sum(lengths) steps (t-major, `batch_sizes[t]` = rows longer than t), and
     NaN in the padding changes nothing. While gradients are recorded the
     unpacked kernel runs (its backward is faster) over zeroed padding; for a
-    GRU that is `GRUFunction` (the same equations, a cheaper backward)."""
+    GRU or SimpleRNN that is `GRUFunction` / `SimpleRNNFunction` (the same
+    equations, a cheaper backward)."""
     import torch
 
     from maskedrnn import _torch_kernels
@@ -156,14 +157,14 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
             return _original(data, second, *args)
 
         monkeypatch.setattr(torch, name, spy)
-    gru_function = []
-    original_apply = _torch_kernels.GRUFunction.apply
+    functions = []
+    for function in (_torch_kernels.GRUFunction, _torch_kernels.SimpleRNNFunction):
 
-    def apply_spy(x, *args):
-        gru_function.append(tuple(x.shape))
-        return original_apply(x, *args)
+        def apply_spy(x, *args, _function=function, _original=function.apply):
+            functions.append((_function.__name__, tuple(x.shape)))
+            return _original(x, *args)
 
-    monkeypatch.setattr(_torch_kernels.GRUFunction, "apply", apply_spy)
+        monkeypatch.setattr(function, "apply", apply_spy)
     ours, ref = oracle_pair(
         kind, U, D, wrapper="rnn", return_sequences=True, return_state=True
     )
@@ -182,10 +183,11 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     xt = x_nan.clone().requires_grad_(True)
     out = ours(xt, mask=mask)
     assert_close(out, ref(x, mask=mask))
-    if kind == "gru":
-        assert seen == [] and gru_function == [(B, T, D)]
+    if kind == "lstm":
+        assert seen == [((B, T, D), None)] and functions == []
     else:
-        assert seen == [((B, T, D), None)] and gru_function == []
+        name = {"gru": "GRUFunction", "simple": "SimpleRNNFunction"}[kind]
+        assert seen == [] and functions == [(name, (B, T, D))]
     sum(o.sum() for o in out).backward()
     grad = xt.grad.numpy()
     assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0)

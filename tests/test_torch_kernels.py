@@ -436,25 +436,56 @@ def test_inference_params_follow_every_weight_change(kind):
         assert_close(ours(x, mask=MASK), ref(x, mask=MASK))
 
 
-# ------------------------------------------ GRUFunction: a GRU for training
+# ------------- GRUFunction, SimpleRNNFunction: the GRU and SimpleRNN in training
+
+# kind -> (PyTorch module of one direction, the Function, the wrapped layer's
+# key in NATIVE)
+FUNCTIONS = {
+    "gru": (
+        lambda bias: torch.nn.GRU(D, U, batch_first=True, bias=bias),
+        _torch_kernels.GRUFunction,
+        "gru",
+    ),
+    "rnn_tanh": (
+        lambda bias: torch.nn.RNN(D, U, batch_first=True, bias=bias),
+        _torch_kernels.SimpleRNNFunction,
+        "simple_tanh",
+    ),
+    "rnn_relu": (
+        lambda bias: torch.nn.RNN(
+            D, U, batch_first=True, bias=bias, nonlinearity="relu"
+        ),
+        _torch_kernels.SimpleRNNFunction,
+        "simple_relu",
+    ),
+}
 
 
-def gru_module(bias=True, dtype=torch.float32, seed=0):
+def torch_module(kind, bias=True, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
-    return torch.nn.GRU(D, U, batch_first=True, bias=bias).to(dtype)
+    return FUNCTIONS[kind][0](bias).to(dtype)
 
 
-def gru_function_args(module, x, h0):
+def function_args(kind, module, x, h0):
+    """The Function's arguments for `module`'s weights: (x, h0, w_ih, w_hh,
+    b_ih, b_hh[, relu])."""
     biases = [module.bias_ih_l0, module.bias_hh_l0] if module.bias else [None, None]
-    return (x, h0, module.weight_ih_l0, module.weight_hh_l0, *biases)
+    args = (x, h0, module.weight_ih_l0, module.weight_hh_l0, *biases)
+    return args + ((kind == "rnn_relu",) if kind != "gru" else ())
+
+
+def apply(kind, *args):
+    return FUNCTIONS[kind][1].apply(*args)
 
 
 @pytest.mark.parametrize("steps", [T, 1])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gru_function_matches_pytorchs_gru_and_its_gradients(bias, steps):
-    """Oracle: `nn.GRU` and PyTorch's autograd through it. Outputs and the
-    gradients w.r.t. the inputs, the initial state and every weight."""
-    module = gru_module(bias)
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_function_matches_pytorchs_module_and_its_gradients(kind, bias, steps):
+    """Oracle: `nn.GRU` / `nn.RNN` and PyTorch's autograd through it.
+    Outputs and the gradients w.r.t. the inputs, the initial state and every
+    weight."""
+    module = torch_module(kind, bias)
     rng = np.random.default_rng(4)
     x = torch.tensor(rng.standard_normal((B, steps, D)), dtype=torch.float32)
     h0 = torch.tensor(rng.standard_normal((B, U)), dtype=torch.float32)
@@ -464,7 +495,7 @@ def test_gru_function_matches_pytorchs_gru_and_its_gradients(bias, steps):
     wanted = [x, h0, *module.parameters()]
     expected, _ = module(x, h0[None])
     expected_grads = torch.autograd.grad((expected * w).sum(), wanted)
-    got = _torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0))
+    got = apply(kind, *function_args(kind, module, x, h0))
     got_grads = torch.autograd.grad((got * w).sum(), wanted)
     np.testing.assert_allclose(to_np(got), to_np(expected), atol=1e-6)
     assert len(got_grads) == len(expected_grads) == (6 if bias else 4)
@@ -472,12 +503,13 @@ def test_gru_function_matches_pytorchs_gru_and_its_gradients(bias, steps):
         np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-5)
 
 
-def test_gru_function_gradients_of_weights_only_and_a_retained_graph():
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_function_gradients_of_weights_only_and_a_retained_graph(kind):
     """Inputs without gradients (a first layer over data) get none, the
-    weights' still equal `nn.GRU`'s; a graph kept with `retain_graph=True`
-    gives the same gradients on a second backward pass (the backward pass
-    must not overwrite what the forward pass saved)."""
-    module = gru_module()
+    weights' still equal PyTorch's module's; a graph kept with
+    `retain_graph=True` gives the same gradients on a second backward pass
+    (the backward pass must not overwrite what the forward pass saved)."""
+    module = torch_module(kind)
     rng = np.random.default_rng(7)
     x = torch.tensor(rng.standard_normal((B, T, D)), dtype=torch.float32)
     h0 = torch.zeros(B, U)
@@ -485,8 +517,8 @@ def test_gru_function_gradients_of_weights_only_and_a_retained_graph():
     params = list(module.parameters())
     expected, _ = module(x, h0[None])
     expected_grads = torch.autograd.grad((expected * w).sum(), params)
-    loss = (_torch_kernels.GRUFunction.apply(*gru_function_args(module, x, h0)) * w)
-    loss = loss.sum()
+    y = apply(kind, *function_args(kind, module, x, h0))
+    loss = (y * w).sum()
     first = torch.autograd.grad(loss, params, retain_graph=True)
     second = torch.autograd.grad(loss, params)
     for g1, g2, e in zip(first, second, expected_grads):
@@ -495,37 +527,41 @@ def test_gru_function_gradients_of_weights_only_and_a_retained_graph():
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_gru_function_passes_gradcheck_and_refuses_a_second_derivative(bias):
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_function_passes_gradcheck_and_refuses_a_second_derivative(kind, bias):
     """Finite differences in float64 (`torch.autograd.gradcheck`); the
     backward pass is once-differentiable: asking for a second derivative
     raises instead of returning a wrong one."""
-    module = gru_module(bias, torch.float64)
+    module = torch_module(kind, bias, torch.float64)
     rng = np.random.default_rng(5)
     x = torch.tensor(rng.standard_normal((2, 4, D)), requires_grad=True)
     h0 = torch.tensor(rng.standard_normal((2, U)), requires_grad=True)
-    args = gru_function_args(module, x, h0)
-    assert torch.autograd.gradcheck(_torch_kernels.GRUFunction.apply, args)
-    y = _torch_kernels.GRUFunction.apply(*args)
+    args = function_args(kind, module, x, h0)
+    assert torch.autograd.gradcheck(FUNCTIONS[kind][1].apply, args)
+    y = apply(kind, *args)
     (grad_x,) = torch.autograd.grad(y.square().sum(), [x], create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         grad_x.sum().backward()
 
 
-def test_masked_gru_training_runs_gru_function_with_initial_state_gradients(
-    monkeypatch,
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_masked_training_runs_the_function_with_initial_state_gradients(
+    kind, monkeypatch
 ):
-    """While gradients are recorded a masked GRU's directions run
-    `GRUFunction`; the gradients w.r.t. the inputs, the initial states and
-    every weight equal Keras' masked Bidirectional's."""
+    """While gradients are recorded a masked GRU's / SimpleRNN's directions
+    run its Function; the gradients w.r.t. the inputs, the initial states
+    and every weight equal Keras' masked Bidirectional's; `kernel_info`
+    names the Function while gradients are recorded only."""
+    _, function, layer_kind = FUNCTIONS[kind]
     calls = []
-    original = _torch_kernels.GRUFunction.apply
+    original = function.apply
 
     def spy(*args):
         calls.append(tuple(args[0].shape))
         return original(*args)
 
-    monkeypatch.setattr(_torch_kernels.GRUFunction, "apply", spy)
-    ours, ref = pair(NATIVE["gru"], return_state=False)
+    monkeypatch.setattr(function, "apply", spy)
+    ours, ref = pair(NATIVE[layer_kind], return_state=False)
     rng = np.random.default_rng(6)
     x = inputs(8)
     states = [rng.standard_normal((B, U)).astype("float32") for _ in range(2)]
@@ -537,20 +573,16 @@ def test_masked_gru_training_runs_gru_function_with_initial_state_gradients(
         loss = (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
         variables = [v.value for v in layer.trainable_variables]
         found.extend(torch.autograd.grad(loss, [xt, *st, *variables]))
-    assert calls == ([(B, T, D)] * 2 if native_here(ours) else [])
-    assert len(got) == len(expected) == 3 + 6
+    native = native_here(ours)
+    assert calls == ([(B, T, D)] * 2 if native else [])
+    assert len(got) == len(expected) == 3 + len(ours.trainable_variables)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-4)
-
-
-def test_kernel_info_names_gru_function_only_while_gradients_are_recorded():
-    ours, _ = pair(NATIVE["gru"], return_state=False)
-    if not native_here(ours):
-        pytest.skip("PyTorch's kernels run on a CPU only")
-    assert "GRUFunction" in ours.kernel_info()["forward"]
-    with torch.no_grad():
-        info = ours.kernel_info()["forward"]
-    assert "GRUFunction" not in info and "packed valid steps" in info
+    if native:
+        assert function.__name__ in ours.kernel_info()["forward"]
+        with torch.no_grad():
+            info = ours.kernel_info()["forward"]
+        assert function.__name__ not in info and "packed valid steps" in info
 
 
 # ------------------------------------------------ refused up front, visibly

@@ -17,9 +17,9 @@ tells apart
   only cuDNN RNN JAX has; Keras calls it on a GPU only);
 - PyTorch's native kernels called by `maskedrnn._torch_kernels.run` (over
   valid-first data) and `run_direction` (a whole direction from the caller's
-  order), labelled "torch native kernel"; a GRU with gradients recorded runs
-  `_torch_kernels.GRUFunction` there (`torch.gru`'s equations in torch ops),
-  under the same label.
+  order), labelled "torch native kernel"; a GRU or SimpleRNN with gradients
+  recorded runs `_torch_kernels.GRUFunction` / `SimpleRNNFunction` there
+  (PyTorch's equations in torch ops), under the same label.
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or

@@ -10,8 +10,9 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   on the packed valid steps in inference (padded steps skipped, final states
   exact), else over the zero-padded valid-first data (faster for training
   and for an LSTM without states, `_torch_kernels.packed_preferred`; a GRU
-  with gradients recorded runs `torch.gru`'s equations in
-  `_torch_kernels.GRUFunction`, whose backward pass is cheaper). A
+  or SimpleRNN with gradients recorded runs PyTorch's equations in
+  `_torch_kernels.GRUFunction` / `SimpleRNNFunction`, whose backward pass
+  is cheaper). A
   masked batch runs them from the caller's order in one torch call
   (`direction.run_in_torch`); these runners serve valid-first callers;
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
@@ -173,11 +174,12 @@ def choose(inner, where, want_states=False):
     reason = native_reason(inner, where)
     if reason is None:
         kernel = f"PyTorch's native {name} kernel"
-        if torch_kernels().runs_gru_function(inner):
+        function = torch_kernels().autograd_function(inner)
+        if function is not None:
             kernel = (
-                "PyTorch's native GRU equations run by _torch_kernels."
-                "GRUFunction (torch ops with a cheaper backward pass than "
-                "torch.gru's)"
+                f"PyTorch's native {name} equations run by _torch_kernels."
+                f"{function.__name__} (torch ops with a cheaper backward pass "
+                "than PyTorch's kernel's)"
             )
         text = (
             f"{kernel} (torch backend on CPU, where Keras would step through "
