@@ -42,18 +42,15 @@ import numpy as np
 import torch
 from rnn_cpu_batch import BATCH as batch
 from rnn_cpu_batch import FEATURES as features
+from rnn_cpu_batch import OTHER_SIZES, valid_first_batch
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
-from rnn_cpu_batch import left_padded_batch
 
 from maskedrnn import _torch_kernels
 
 torch.set_num_threads(1)
-x_np, mask_np, lengths = left_padded_batch()
-# Valid-first: each row's valid steps first, then its zeroed padding.
-order = np.argsort(~mask_np, axis=1, kind="stable")
-x = torch.from_numpy(np.take_along_axis(x_np, order[..., None], axis=1).copy())
-valid = torch.from_numpy(np.arange(time_steps)[None, :] < lengths[:, None])
+x, valid, lengths = valid_first_batch()
+x, valid = torch.from_numpy(x), torch.from_numpy(valid)
 torch.manual_seed(0)
 module = torch.nn.GRU(features, units, batch_first=True)
 params = list(module.parameters())  # weight_ih, weight_hh, bias_ih, bias_hh
@@ -198,14 +195,6 @@ report("training, fwd+bwd", train_cases, "torch.gru unpacked", "torch.gru unpack
 report("inference, forward", infer_cases, "torch.gru packed")
 
 
-SIZES = [
-    (8, 100, 64, 64),
-    (128, 100, 64, 64),
-    (16, 400, 32, 32),
-    (32, 50, 256, 256),
-    (64, 200, 128, 128),
-    (256, 30, 128, 512),
-]
 
 
 def best_median(fn, calls=15, warmup=3):
@@ -225,7 +214,7 @@ def best_median(fn, calls=15, warmup=3):
 print("training, fwd+bwd, other sizes (full rows)")
 print(f"{'B':>4s} {'T':>4s} {'D':>4s} {'U':>4s} {'torch.gru ms':>12s} "
       f"{'GRUFunction ms':>14s} {'ratio':>6s}")
-for b, t, d, u in SIZES:
+for b, t, d, u in OTHER_SIZES:
     torch.manual_seed(0)
     weights = list(torch.nn.GRU(d, u, batch_first=True).parameters())
     xs, hs, ws = torch.randn(b, t, d), torch.zeros(b, u), torch.randn(b, t, u)

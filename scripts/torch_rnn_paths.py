@@ -19,17 +19,15 @@ import numpy as np
 import torch
 from rnn_cpu_batch import BATCH as batch
 from rnn_cpu_batch import FEATURES as features
+from rnn_cpu_batch import OTHER_SIZES, valid_first_batch
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
-from rnn_cpu_batch import left_padded_batch
 
 from maskedrnn import _torch_kernels
 
 torch.set_num_threads(1)
-x_np, mask_np, lengths = left_padded_batch()
-order = np.argsort(~mask_np, axis=1, kind="stable")
-x = torch.from_numpy(np.take_along_axis(x_np, order[..., None], axis=1).copy())
-valid = torch.from_numpy(np.arange(time_steps)[None, :] < lengths[:, None])
+x, valid, lengths = valid_first_batch()
+x, valid = torch.from_numpy(x), torch.from_numpy(valid)
 w = np.random.default_rng(1).standard_normal((batch, time_steps, units))
 w = torch.from_numpy(w).float() * valid[..., None]
 h0 = torch.zeros(batch, units)
@@ -102,18 +100,10 @@ for relu in (False, True):
     print(f"{'relu' if relu else 'tanh':10s} {t_theirs:8.3f} {t_ours:9.3f} "
           f"{t_ours / t_theirs:6.2f} {max_diff(y1, y2):9.1e} {d_grads:12.1e}")
 
-SIZES = [
-    (8, 100, 64, 64),
-    (128, 100, 64, 64),
-    (16, 400, 32, 32),
-    (32, 50, 256, 256),
-    (64, 200, 128, 128),
-    (256, 30, 128, 512),
-]
 print("\nother sizes, tanh, full rows: the better of two medians of 15 calls (ms)")
 print(f"{'B':>4s} {'T':>4s} {'D':>4s} {'U':>4s} {'kernel':>8s} {'Function':>9s} "
       f"{'ratio':>6s}")
-for b, t, d, u in SIZES:
+for b, t, d, u in OTHER_SIZES:
     torch.manual_seed(0)
     params = list(torch.nn.RNN(d, u, batch_first=True).parameters())
     xs, hs, ws = torch.randn(b, t, d), torch.zeros(b, u), torch.randn(b, t, u)
