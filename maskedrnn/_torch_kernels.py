@@ -616,6 +616,16 @@ def _gru_params(cell):
     return params
 
 
+def _recurrent_weight_grad(d, h0, y):
+    """The gradient of `W_hh` in `h_{t-1} W_hh^T`: the sum over steps of
+    `d_t^T h_{t-1}`, from `d` `(time * batch, gates * units)` (time-major)
+    and the states `h0` `(batch, units)` and `y` `(time, batch, units)`
+    (`h_{-1} = h0`, `h_{t-1} = y_{t-1}`): two matmuls over all steps."""
+    batch, units = h0.shape
+    grad = d[:batch].t().mm(h0)
+    return grad.addmm_(d[batch:].t(), y[:-1].reshape(-1, units))
+
+
 class GRUFunction(torch.autograd.Function):
     """One GRU direction for training on a CPU: PyTorch's equations, a
     backward pass with one small matmul per step.
@@ -751,9 +761,7 @@ class GRUFunction(torch.autograd.Function):
             torch.mm(dgi_rz.t(), xt, out=grad_w_ih[: 2 * units])
             torch.mm(dgi_n.t(), xt, out=grad_w_ih[2 * units :])
         if ctx.needs_input_grad[3]:
-            # sum over t of dgh_t^T h_{t-1}
-            grad_w_hh = dgh[:batch].t().mm(h0)
-            grad_w_hh.addmm_(dgh[batch:].t(), y[:-1].reshape(-1, units))
+            grad_w_hh = _recurrent_weight_grad(dgh, h0, y)
         if ctx.has_biases:
             grad_b_ih = torch.cat([dgi_rz.sum(0), dgi_n.sum(0)])
             grad_b_hh = dgh.sum(0)
@@ -841,9 +849,7 @@ class SimpleRNNFunction(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_w_ih = dpre.t().mm(xt)
         if ctx.needs_input_grad[3]:
-            # sum over t of d pre_t^T h_{t-1}
-            grad_w_hh = dpre[:batch].t().mm(h0)
-            grad_w_hh.addmm_(dpre[batch:].t(), y[:-1].reshape(-1, units))
+            grad_w_hh = _recurrent_weight_grad(dpre, h0, y)
         if ctx.has_biases:
             grad_b = dpre.sum(0)
         return grad_x, grad_h0, grad_w_ih, grad_w_hh, grad_b, grad_b, None
