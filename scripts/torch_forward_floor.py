@@ -29,7 +29,6 @@ docs/benchmarks.md).
 import cProfile
 import pstats
 import sys
-import time
 
 import keras
 import numpy as np
@@ -38,7 +37,7 @@ from rnn_cpu_batch import BATCH as batch
 from rnn_cpu_batch import FEATURES as features
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
-from rnn_cpu_batch import left_padded_batch
+from rnn_cpu_batch import interleaved_medians, left_padded_batch
 
 import maskedrnn
 from maskedrnn import _torch_kernels
@@ -111,23 +110,8 @@ cases = {
 }
 
 
-def interleaved_medians(cases, calls=200, warmup=0):
-    """Median ms of each case over `calls` rounds, every case once a round,
-    in order, under `torch.no_grad()`, after `warmup` calls of each."""
-    times = {name: [] for name in cases}
-    with torch.no_grad():
-        for fn in cases.values():
-            for _ in range(warmup):
-                fn()
-        for _ in range(calls):
-            for name, fn in cases.items():
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
-
-
-median = interleaved_medians(cases, warmup=10)
+with torch.no_grad():
+    median = interleaved_medians(cases, 200, warmup=10)
 print(
     f"MaskedRNN({cell.upper()}, return_state=True) forward vs PyTorch packed, "
     "torch CPU, 1 thread, B=32 T=100 D=U=64, left-padded, median of 200 "
@@ -148,7 +132,8 @@ print(f"{'maskedrnn / torch_packed':30s} {ratio:7.2f}")
 
 # The two alone, back to back (warm: nothing else runs in between).
 pair = {"torch_packed": cases["torch_packed"], "maskedrnn": cases["maskedrnn"]}
-pair_median = interleaved_medians(pair)
+with torch.no_grad():
+    pair_median = interleaved_medians(pair, 200)
 print("the two alone, interleaved with each other only (ms)")
 for name, ms in pair_median.items():
     print(f"{name:18s} {ms:7.3f}")

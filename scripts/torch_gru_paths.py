@@ -36,13 +36,18 @@ output in valid-first order).
     python scripts/torch_gru_paths.py > docs/results/torch-gru-paths.txt
 """
 
-import time
 
 import numpy as np
 import torch
 from rnn_cpu_batch import BATCH as batch
 from rnn_cpu_batch import FEATURES as features
-from rnn_cpu_batch import OTHER_SIZES, valid_first_batch
+from rnn_cpu_batch import (
+    OTHER_SIZES,
+    best_of_two,
+    interleaved_medians,
+    max_diff,
+    valid_first_batch,
+)
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
 
@@ -149,25 +154,8 @@ infer_cases = {
 }
 
 
-def medians(cases, rounds=100, warmup=5):
-    times = {name: [] for name in cases}
-    for fn in cases.values():
-        for _ in range(warmup):
-            fn()
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) * 1e3 for name, t in times.items()}
-
-
-def max_diff(a, b):
-    return float((a - b).detach().abs().max())
-
-
 def report(title, cases, reference, grads_reference=None):
-    ms = medians(cases)
+    ms = interleaved_medians(cases, 100, warmup=5)
     ref_y, ref_grads = cases[reference]()
     base = ms[reference]
     print(title)
@@ -194,23 +182,6 @@ print(
 report("training, fwd+bwd", train_cases, "torch.gru unpacked", "torch.gru unpacked")
 report("inference, forward", infer_cases, "torch.gru packed")
 
-
-
-
-def best_median(fn, calls=15, warmup=3):
-    result = []
-    for _ in range(2):
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        result.append(float(np.median(times)) * 1e3)
-    return min(result)
-
-
 print("training, fwd+bwd, other sizes (full rows)")
 print(f"{'B':>4s} {'T':>4s} {'D':>4s} {'U':>4s} {'torch.gru ms':>12s} "
       f"{'GRUFunction ms':>14s} {'ratio':>6s}")
@@ -227,7 +198,7 @@ for b, t, d, u in OTHER_SIZES:
 
         return step
 
-    theirs = best_median(sized(gru_unpacked))
-    ours = best_median(sized(_torch_kernels.GRUFunction.apply))
+    theirs = best_of_two({"kernel": sized(gru_unpacked)})["kernel"]
+    ours = best_of_two({"ours": sized(_torch_kernels.GRUFunction.apply)})["ours"]
     print(f"{b:4d} {t:4d} {d:4d} {u:4d} {theirs:12.2f} {ours:14.2f} "
           f"{ours / theirs:6.2f}")

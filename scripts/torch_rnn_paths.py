@@ -13,13 +13,18 @@ sizes (full rows of random data, the better of two medians of 15 calls).
     python scripts/torch_rnn_paths.py > docs/results/torch-rnn-paths.txt
 """
 
-import time
 
 import numpy as np
 import torch
 from rnn_cpu_batch import BATCH as batch
 from rnn_cpu_batch import FEATURES as features
-from rnn_cpu_batch import OTHER_SIZES, valid_first_batch
+from rnn_cpu_batch import (
+    OTHER_SIZES,
+    best_of_two,
+    interleaved_medians,
+    max_diff,
+    valid_first_batch,
+)
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
 
@@ -59,23 +64,6 @@ def train(fn, x, h0, w, params):
     return step
 
 
-def median_ms(fns, rounds, warmup=5):
-    times = [[] for _ in fns]
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    for _ in range(rounds):
-        for k, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - start)
-    return [float(np.median(t)) * 1e3 for t in times]
-
-
-def max_diff(a, b):
-    return float((a - b).detach().abs().max())
-
-
 print(
     "SimpleRNN training (fwd+bwd) on torch CPU, 1 thread, torch "
     f"{torch.__version__}\n"
@@ -94,7 +82,8 @@ for relu in (False, True):
     params = list(module.parameters())
     theirs = train(kernel(relu), x, h0, w, params)
     ours = train(function(relu), x, h0, w, params)
-    t_theirs, t_ours = median_ms([theirs, ours], 100)
+    ms = interleaved_medians({"kernel": theirs, "ours": ours}, 100, warmup=5)
+    t_theirs, t_ours = ms["kernel"], ms["ours"]
     (y1, g1), (y2, g2) = theirs(), ours()
     d_grads = max(max_diff(a, b) for a, b in zip(g1, g2))
     print(f"{'relu' if relu else 'tanh':10s} {t_theirs:8.3f} {t_ours:9.3f} "
@@ -109,7 +98,6 @@ for b, t, d, u in OTHER_SIZES:
     xs, hs, ws = torch.randn(b, t, d), torch.zeros(b, u), torch.randn(b, t, u)
     theirs = train(kernel(False), xs, hs, ws, params)
     ours = train(function(False), xs, hs, ws, params)
-    best = [min(pair) for pair in zip(*(median_ms([theirs, ours], 15, 3)
-                                        for _ in range(2)))]
-    print(f"{b:4d} {t:4d} {d:4d} {u:4d} {best[0]:8.2f} {best[1]:9.2f} "
-          f"{best[1] / best[0]:6.2f}")
+    best = best_of_two({"kernel": theirs, "ours": ours})
+    print(f"{b:4d} {t:4d} {d:4d} {u:4d} {best['kernel']:8.2f} {best['ours']:9.2f} "
+          f"{best['ours'] / best['kernel']:6.2f}")
