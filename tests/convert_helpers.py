@@ -157,8 +157,13 @@ def random_canonical(rng, kind, input_dim, units):
 
 
 def random_keras(rng, kind, input_dim, units):
-    gates = 4 if kind == "lstm" else 3
-    bias = normal(rng, 4 * units) if kind == "lstm" else normal(rng, 2, 3 * units)
+    """Random Keras weights of `kind` "lstm", "gru" or "rnn_<activation>"
+    (a SimpleRNN)."""
+    gates = {"lstm": 4, "gru": 3}.get(kind, 1)
+    bias = {
+        "lstm": lambda: normal(rng, 4 * units),
+        "gru": lambda: normal(rng, 2, 3 * units),
+    }.get(kind, lambda: normal(rng, units))()
     return [
         normal(rng, input_dim, gates * units),
         normal(rng, units, gates * units),
@@ -172,7 +177,13 @@ def random_keras(rng, kind, input_dim, units):
 
 
 def keras_rnn(kind, units, mask=None, **kwargs):
-    kwargs.setdefault("use_cudnn", False)
+    """A Keras `LSTM` ("lstm"), `GRU(reset_after=True)` ("gru") or
+    `SimpleRNN(activation=...)` ("rnn_tanh", "rnn_relu": PyTorch's
+    `nonlinearity` names), returning sequences and states by default."""
+    if kind.startswith("rnn_"):
+        kwargs.pop("use_cudnn", None)  # SimpleRNN has no cuDNN option.
+    else:
+        kwargs.setdefault("use_cudnn", False)
     # Short sequences: unrolling keeps eager JAX from compiling a scan per
     # call. Not with a mask: with unroll=True the JAX backend (Keras 3.15.1)
     # ignores zero_output_for_mask, so padded steps would not output zeros.
@@ -181,6 +192,8 @@ def keras_rnn(kind, units, mask=None, **kwargs):
     kwargs.setdefault("return_state", True)
     if kind == "lstm":
         return keras.layers.LSTM(units, **kwargs)
+    if kind.startswith("rnn_"):
+        return keras.layers.SimpleRNN(units, activation=kind[4:], **kwargs)
     return keras.layers.GRU(units, reset_after=True, **kwargs)
 
 

@@ -1,7 +1,9 @@
-"""Specification of `maskedrnn.convert.pytorch`: `torch.nn.LSTM`/`GRU` weights and
-state dicts, checked by running PyTorch itself on the same inputs (stacked,
-bidirectional, without bias, and padded batches as a `PackedSequence` against
-Keras' masked `Bidirectional` and `maskedrnn.MaskedBidirectional`).
+"""Specification of `maskedrnn.convert.pytorch`: `torch.nn.LSTM`/`GRU`/`RNN`
+weights and state dicts, checked by running PyTorch itself on the same inputs
+(stacked, bidirectional, without bias, and padded batches as a
+`PackedSequence` against Keras' masked `Bidirectional` and
+`maskedrnn.MaskedBidirectional`). `nn.RNN` runs with both nonlinearities,
+against `keras.layers.SimpleRNN` with the same activation.
 """
 
 import keras
@@ -21,10 +23,16 @@ from tests.convert_helpers import (
     to_np,
 )
 
+# "rnn_tanh" / "rnn_relu": nn.RNN(nonlinearity=...) and SimpleRNN(activation=...).
+KINDS = ["lstm", "gru", "rnn_tanh", "rnn_relu"]
+
 
 def torch_module(kind, input_dim, units, **kwargs):
     import torch
 
+    if kind.startswith("rnn_"):
+        kwargs["nonlinearity"] = kind[4:]
+        return torch.nn.RNN(input_dim, units, batch_first=True, **kwargs)
     cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
     return cls(input_dim, units, batch_first=True, **kwargs)
 
@@ -81,7 +89,7 @@ def assert_states_match_torch(kind, keras_states, torch_states, bidirectional):
 
 
 @requires_torch
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
     "num_layers,bidirectional", [(1, False), (2, False), (2, True)]
 )
@@ -108,7 +116,7 @@ def test_torch_state_dict_to_keras_unmasked(kind, num_layers, bidirectional):
 
 
 @requires_torch
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_keras_to_torch_state_dict_loads_into_torch(kind, bidirectional):
     import torch
@@ -129,10 +137,11 @@ def test_keras_to_torch_state_dict_loads_into_torch(kind, bidirectional):
     expected, keras_states = run_keras_stack(kind, layers, x, bidirectional_cls=bi_cls)
 
     state = convert.keras_to_torch_state_dict(layers)
-    if kind == "lstm":
-        # Documented split: the whole Keras bias in bias_ih, zeros in bias_hh.
+    if kind != "gru":
+        # Documented split of an LSTM's and a SimpleRNN's one bias: all of it
+        # in bias_ih, zeros in bias_hh.
         np.testing.assert_array_equal(state["bias_ih_l0"], layers[0][2])
-        np.testing.assert_array_equal(state["bias_hh_l0"], np.zeros(4 * units))
+        np.testing.assert_array_equal(state["bias_hh_l0"], np.zeros_like(layers[0][2]))
     module = torch_module(
         kind, input_dim, units, num_layers=num_layers, bidirectional=bidirectional
     )
@@ -143,7 +152,7 @@ def test_keras_to_torch_state_dict_loads_into_torch(kind, bidirectional):
 
 
 @requires_torch
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_torch_without_bias_round_trips_through_keras_use_bias_false(kind):
     import torch
 
@@ -168,7 +177,7 @@ LENGTHS = [6, 2, 4, 1]
 
 
 @requires_torch
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bidirectional_cls", list(bidirectional_classes()))
 def test_torch_packed_sequence_equals_masked_keras_bidirectional(
     kind, bidirectional_cls
@@ -221,6 +230,45 @@ def test_torch_state_dict_prefix_selects_a_submodule():
 
 
 @requires_torch
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_torch_rnn_direction_equals_its_equations_and_round_trips(nonlinearity):
+    """One `nn.RNN` direction: PyTorch's documented equation
+    `h' = act(x W_ih^T + b_ih + h W_hh^T + b_hh)` in numpy, PyTorch itself and
+    `keras.layers.SimpleRNN` with the converted weights agree; converting
+    back gives PyTorch's weights and, as documented, the bias sum in
+    `bias_ih`."""
+    import torch
+
+    torch.manual_seed(4)
+    module = torch_module(f"rnn_{nonlinearity}", 3, 5)
+    x = normal(rng_for("rnn", nonlinearity), 2, 6, 3, scale=1.0)
+    w_ih, w_hh, b_ih, b_hh = (p.detach().numpy() for p in module.parameters())
+    act = np.tanh if nonlinearity == "tanh" else lambda v: np.maximum(v, 0.0)
+    h, steps = np.zeros((2, 5)), []
+    for t in range(x.shape[1]):
+        h = act(x[:, t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh)
+        steps.append(h)
+    numpy_y = np.stack(steps, 1)
+    torch_y, _ = run_torch(module, x)
+    np.testing.assert_allclose(torch_y, numpy_y, atol=ATOL)
+
+    weights = convert.torch_rnn_to_simple_rnn(w_ih, w_hh, b_ih, b_hh)
+    assert [w.shape for w in weights] == [(3, 5), (5, 5), (5,)]
+    y, h_n = run_keras(f"rnn_{nonlinearity}", weights, x)
+    np.testing.assert_allclose(y, numpy_y, atol=ATOL)
+    np.testing.assert_allclose(h_n, numpy_y[:, -1], atol=ATOL)
+
+    back = convert.simple_rnn_to_torch_rnn(weights)
+    np.testing.assert_array_equal(back[0], w_ih)
+    np.testing.assert_array_equal(back[1], w_hh)
+    np.testing.assert_allclose(back[2], b_ih + b_hh)
+    np.testing.assert_array_equal(back[3], np.zeros(5, "float32"))
+    no_bias = convert.simple_rnn_to_torch_rnn(weights[:2])
+    assert len(no_bias) == 2
+    assert len(convert.torch_rnn_to_simple_rnn(*no_bias)) == 2
+
+
+@requires_torch
 def test_torch_errors_name_the_problem():
     import torch
 
@@ -234,6 +282,17 @@ def test_torch_errors_name_the_problem():
         convert.torch_lstm_to_lstm(weight, np.zeros((8, 2)))
     with pytest.raises(ValueError, match="both `bias_ih` and `bias_hh`"):
         convert.torch_gru_to_gru(np.zeros((6, 3)), np.zeros((6, 2)), np.zeros(6))
+    with pytest.raises(ValueError, match=r"bias of a keras SimpleRNN"):
+        convert.simple_rnn_to_torch_rnn([np.zeros((3, 2)), np.eye(2), np.zeros(4)])
+    with pytest.raises(ValueError, match=r"\(units, units\) for a SimpleRNN"):
+        convert.keras_to_torch_state_dict([[np.zeros((3, 4)), np.zeros((2, 4))]])
+    with pytest.raises(ValueError, match="same RNN type"):
+        convert.keras_to_torch_state_dict(
+            [
+                [np.zeros((3, 2)), np.eye(2), np.zeros(2)],
+                [np.zeros((2, 6)), np.zeros((2, 6)), np.zeros((2, 6))],
+            ]
+        )
     with pytest.raises(TypeError, match=r"\[layer.get_weights\(\)\]"):
         convert.keras_to_torch_state_dict([np.zeros((3, 8)), np.zeros((2, 8))])
 

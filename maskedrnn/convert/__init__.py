@@ -18,6 +18,9 @@ input feature size and `U` the number of units:
   `bias[1]` the recurrent bias (the one multiplied by the reset gate for h).
   `GRU(reset_after=False)` computes a different function and cannot hold
   cuDNN/PyTorch GRU weights.
+- `keras.layers.SimpleRNN`: `[kernel (D, U), recurrent_kernel (U, U),
+  bias (U,)]`, one block (PyTorch's `nn.RNN` only; cuDNN's RNN_TANH/RELU
+  modes have no legacy Keras layer).
 - `keras.layers.Bidirectional` (and `maskedrnn.MaskedBidirectional`): the
   forward layer's weights followed by the backward layer's weights.
 
@@ -29,8 +32,8 @@ One module per source format, all re-exported here (`maskedrnn.convert.X`):
   parameters;
 - `maskedrnn.convert.cudnn_compatible`: TF1 `CudnnCompatibleLSTMCell`/
   `CudnnCompatibleGRUCell` checkpoint variables;
-- `maskedrnn.convert.pytorch`: PyTorch `nn.LSTM`/`nn.GRU` weights and state
-  dicts;
+- `maskedrnn.convert.pytorch`: PyTorch `nn.LSTM`/`nn.GRU`/`nn.RNN` weights
+  and state dicts;
 - `maskedrnn.convert.gate_layout`: the gate orders and block permutations
   they share.
 
@@ -70,8 +73,10 @@ from maskedrnn.convert.pytorch import (
     gru_to_torch_gru,
     keras_to_torch_state_dict,
     lstm_to_torch_lstm,
+    simple_rnn_to_torch_rnn,
     torch_gru_to_gru,
     torch_lstm_to_lstm,
+    torch_rnn_to_simple_rnn,
     torch_state_dict_to_keras,
 )
 
@@ -98,7 +103,9 @@ __all__ = [
     "lstm_to_cudnn_compatible_lstm_cell",
     "lstm_to_cudnn_lstm",
     "lstm_to_torch_lstm",
+    "simple_rnn_to_torch_rnn",
     "torch_gru_to_gru",
     "torch_lstm_to_lstm",
+    "torch_rnn_to_simple_rnn",
     "torch_state_dict_to_keras",
 ]

@@ -7,7 +7,7 @@ argument, the expected layout and what it got.
 
 import numpy as np
 
-from maskedrnn.convert.gate_layout import GRU_GATES, LSTM_GATES
+from maskedrnn.convert.gate_layout import GRU_GATES, LSTM_GATES, SIMPLE_RNN_GATES
 
 
 def _array(value, name):
@@ -48,18 +48,22 @@ def _check_shape(array, shape, name, hint):
         )
 
 
-def _units_and_gates(recurrent_kernel, name):
-    """Returns (U, number of gates) from a (U, gates * U) recurrent matrix."""
+def _units_and_gates(recurrent_kernel, name, simple_rnn=False):
+    """Returns (U, number of gates) from a (U, gates * U) recurrent matrix:
+    4 (LSTM) or 3 (GRU), and 1 (SimpleRNN) where `simple_rnn` is True (the
+    formats that have one: PyTorch's `nn.RNN`)."""
     if recurrent_kernel.ndim != 2 or recurrent_kernel.shape[0] == 0:
         raise ValueError(
             f"`{name}` must be a 2-D recurrent kernel of shape (units, "
             f"gates * units); got shape {recurrent_kernel.shape}."
         )
     units, columns = recurrent_kernel.shape
-    if columns % units or columns // units not in (GRU_GATES, LSTM_GATES):
+    allowed = (GRU_GATES, LSTM_GATES) + ((SIMPLE_RNN_GATES,) if simple_rnn else ())
+    if columns % units or columns // units not in allowed:
+        also = " or (units, units) for a SimpleRNN" if simple_rnn else ""
         raise ValueError(
             f"`{name}` must have shape (units, 4 * units) for an LSTM or "
-            f"(units, 3 * units) for a GRU; got shape "
+            f"(units, 3 * units) for a GRU{also}; got shape "
             f"{recurrent_kernel.shape}."
         )
     return units, columns // units
@@ -153,6 +157,30 @@ def _keras_without_bias(weights, n_gates, layer_name):
         f"kernel of a keras {layer_name}",
     )
     return kernel, recurrent_kernel
+
+
+def _keras_simple_rnn(weights, name="weights"):
+    """Validates Keras SimpleRNN weights; returns (kernel, rk, bias, D, U)."""
+    kernel, recurrent_kernel, bias = _array_list(
+        weights, 3, name, "[kernel, recurrent_kernel, bias] of a keras SimpleRNN"
+    )
+    units = recurrent_kernel.shape[0] if recurrent_kernel.ndim == 2 else 0
+    _check_shape(
+        recurrent_kernel,
+        (units, units),
+        f"{name}[1]",
+        "recurrent_kernel (units, units) of a keras SimpleRNN",
+    )
+    if kernel.ndim != 2:
+        raise ValueError(
+            f"`{name}[0]` must be the 2-D kernel (input_dim, units); "
+            f"got shape {kernel.shape}."
+        )
+    _check_shape(
+        kernel, (kernel.shape[0], units), f"{name}[0]", "kernel of a keras SimpleRNN"
+    )
+    _check_shape(bias, (units,), f"{name}[2]", "bias of a keras SimpleRNN")
+    return kernel, recurrent_kernel, bias, kernel.shape[0], units
 
 
 def _layers_list(layers_weights):

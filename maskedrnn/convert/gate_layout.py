@@ -26,6 +26,9 @@ import numpy as np
 LSTM_GATES = 4
 #: Number of gate blocks of a GRU (z, r, h in Keras).
 GRU_GATES = 3
+#: Number of blocks of a plain RNN (`keras.layers.SimpleRNN`, PyTorch's
+#: `nn.RNN`): one, no gates, so nothing to reorder.
+SIMPLE_RNN_GATES = 1
 
 #: Keras GRU gate order z, r, h  <->  cuDNN / PyTorch order r, z, h (n):
 #: swap the first two blocks, keep the candidate last. Its own inverse.

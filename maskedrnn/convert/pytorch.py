@@ -1,8 +1,9 @@
-"""PyTorch `nn.LSTM` / `nn.GRU` weights and state dicts.
+"""PyTorch `nn.LSTM` / `nn.GRU` / `nn.RNN` weights and state dicts.
 
 PyTorch keeps, per layer `k` and direction (suffix `_reverse`),
 `weight_ih_l{k} (G*H, D_k)`, `weight_hh_l{k} (G*H, H)`, `bias_ih_l{k}`,
-`bias_hh_l{k} (G*H,)`, gate row blocks i, f, g, o (LSTM) or r, z, n (GRU).
+`bias_hh_l{k} (G*H,)`, gate row blocks i, f, g, o (LSTM, G=4) or r, z, n
+(GRU, G=3); `nn.RNN` has one block (G=1) and no gates.
 Pure numpy: pass CPU tensors or arrays; torch is never imported here.
 """
 
@@ -13,18 +14,26 @@ from maskedrnn.convert._validate import (
     _check_shape,
     _keras_gru,
     _keras_lstm,
+    _keras_simple_rnn,
     _keras_without_bias,
     _layers_list,
     _units_and_gates,
 )
-from maskedrnn.convert.gate_layout import GRU_GATES, LSTM_GATES, swap_gru_zr
+from maskedrnn.convert.gate_layout import (
+    GRU_GATES,
+    LSTM_GATES,
+    SIMPLE_RNN_GATES,
+    swap_gru_zr,
+)
 
 __all__ = [
     "gru_to_torch_gru",
     "keras_to_torch_state_dict",
     "lstm_to_torch_lstm",
+    "simple_rnn_to_torch_rnn",
     "torch_gru_to_gru",
     "torch_lstm_to_lstm",
+    "torch_rnn_to_simple_rnn",
     "torch_state_dict_to_keras",
 ]
 
@@ -221,14 +230,111 @@ def gru_to_torch_gru(weights):
     return torch_weights + [bias_ih, bias_hh]
 
 
+def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
+    """Converts one direction of one `torch.nn.RNN` layer to Keras.
+
+    PyTorch stores `weight_ih_l{k}` `(H, D)`, `weight_hh_l{k}` `(H, H)` and
+    two biases `bias_ih_l{k}`, `bias_hh_l{k}` `(H,)`, and computes
+    `h' = act(W_ih x + b_ih + W_hh h + b_hh)`: Keras' `SimpleRNN`. The
+    activation is not in the weights: `nn.RNN(nonlinearity="tanh")` (the
+    default) is `SimpleRNN(H)`, `nonlinearity="relu"` is
+    `SimpleRNN(H, activation="relu")`.
+
+    Args:
+        weight_ih: array `(H, D)`.
+        weight_hh: array `(H, H)`.
+        bias_ih: array `(H,)` or `None` (default) for `bias=False`.
+        bias_hh: array `(H,)` or `None` (default) for `bias=False`.
+
+    Returns:
+        `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` for
+        `keras.layers.SimpleRNN(H)` (`bias = bias_ih + bias_hh`), or
+        `[kernel, recurrent_kernel]` for `SimpleRNN(H, use_bias=False)` when
+        the biases are `None`.
+
+    Example:
+
+    >>> w = torch_rnn_to_simple_rnn(np.ones((2, 3)), np.eye(2),
+    ...                             np.ones(2), np.ones(2))
+    >>> [a.shape for a in w], float(w[2][0])
+    ([(3, 2), (2, 2), (2,)], 2.0)
+    """
+    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+        weight_ih, weight_hh, bias_ih, bias_hh, SIMPLE_RNN_GATES, "nn.RNN"
+    )
+    # One block, nothing to reorder; PyTorch computes x @ W.T, Keras
+    # x @ kernel.
+    kernel = np.ascontiguousarray(weight_ih.T)
+    recurrent_kernel = np.ascontiguousarray(weight_hh.T)
+    if bias_ih is None:
+        return [kernel, recurrent_kernel]
+    return [kernel, recurrent_kernel, bias_ih + bias_hh]
+
+
+def simple_rnn_to_torch_rnn(weights):
+    """Converts `keras.layers.SimpleRNN` weights to one `torch.nn.RNN`
+    direction.
+
+    Inverse of `torch_rnn_to_simple_rnn` up to the bias split: the whole
+    Keras bias goes into `bias_ih` and `bias_hh` is zeros (only the sum
+    matters). Give the module the layer's activation:
+    `nn.RNN(..., nonlinearity="tanh")` for `SimpleRNN`'s default `"tanh"`,
+    `"relu"` for `activation="relu"` (PyTorch has no other).
+
+    Args:
+        weights: `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` of
+            `keras.layers.SimpleRNN(H)`, or `[kernel, recurrent_kernel]` of
+            `SimpleRNN(H, use_bias=False)`.
+
+    Returns:
+        `[weight_ih (H, D), weight_hh (H, H), bias_ih (H,), bias_hh (H,)]`,
+        or the two weights only without bias.
+
+    Example:
+
+    >>> t = simple_rnn_to_torch_rnn([np.ones((3, 2)), np.eye(2), np.ones(2)])
+    >>> [a.shape for a in t], float(t[3][0])
+    ([(2, 3), (2, 2), (2,), (2,)], 0.0)
+    """
+    if isinstance(weights, (list, tuple)) and len(weights) == 2:
+        kernel, recurrent_kernel = _keras_without_bias(
+            weights, SIMPLE_RNN_GATES, "SimpleRNN"
+        )
+        return [
+            np.ascontiguousarray(kernel.T),
+            np.ascontiguousarray(recurrent_kernel.T),
+        ]
+    kernel, recurrent_kernel, bias, _, _ = _keras_simple_rnn(weights)
+    # One block; transpose to (H, in).
+    return [
+        np.ascontiguousarray(kernel.T),
+        np.ascontiguousarray(recurrent_kernel.T),
+        bias.copy(),
+        np.zeros_like(bias),
+    ]
+
+
+# Per number of blocks G of `weight_hh (G*H, H)`: the converters of one
+# direction, (PyTorch -> Keras, Keras -> PyTorch).
+_CONVERTERS = {
+    LSTM_GATES: (torch_lstm_to_lstm, lstm_to_torch_lstm),
+    GRU_GATES: (torch_gru_to_gru, gru_to_torch_gru),
+    SIMPLE_RNN_GATES: (torch_rnn_to_simple_rnn, simple_rnn_to_torch_rnn),
+}
+
+
 def torch_state_dict_to_keras(state_dict, prefix=""):
-    """Converts a `torch.nn.LSTM` / `nn.GRU` `state_dict()` to Keras weights.
+    """Converts a `torch.nn.LSTM` / `nn.GRU` / `nn.RNN` `state_dict()` to
+    Keras weights.
 
     Reads `{prefix}weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`,
     `bias_hh_l{k}` and, for `bidirectional=True`, the same keys with the
     suffix `_reverse`, for every layer `k`. The module type is read from the
-    shapes (`weight_hh` is `(4H, H)` for LSTM, `(3H, H)` for GRU); each
-    direction goes through `torch_lstm_to_lstm` / `torch_gru_to_gru`.
+    shapes (`weight_hh` is `(4H, H)` for LSTM, `(3H, H)` for GRU, `(H, H)`
+    for RNN); each direction goes through `torch_lstm_to_lstm` /
+    `torch_gru_to_gru` / `torch_rnn_to_simple_rnn`. An `nn.RNN`'s
+    `nonlinearity` is not in its state dict: build `SimpleRNN(H,
+    activation="relu")` for `nonlinearity="relu"`.
 
     Args:
         state_dict: mapping from names to arrays or CPU tensors, e.g.
@@ -238,7 +344,8 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
 
     Returns:
         List with one entry per layer: the Keras weights of `LSTM(H)` /
-        `GRU(H, reset_after=True)`, or, for a bidirectional module, of
+        `GRU(H, reset_after=True)` / `SimpleRNN(H)`, or, for a bidirectional
+        module, of
         `keras.layers.Bidirectional(..., merge_mode="concat")` /
         `maskedrnn.MaskedBidirectional` (forward then backward). Stacking
         these layers (`return_sequences=True` below the top) reproduces the
@@ -267,7 +374,8 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
     if f"{prefix}weight_ih_l0" not in keys:
         raise ValueError(
             f"`state_dict` has no key {prefix + 'weight_ih_l0'!r}: not an "
-            "nn.LSTM/nn.GRU state dict, or `prefix` is wrong. Keys found: "
+            "nn.LSTM/nn.GRU/nn.RNN state dict, or `prefix` is wrong. Keys "
+            "found: "
             f"{sorted(keys)[:8]}."
         )
     if any(k.startswith(f"{prefix}weight_hr_l") for k in keys):
@@ -291,24 +399,28 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
                     raise ValueError(f"`state_dict` is missing the key {name!r}.")
             values = [state_dict[n] if n in keys else None for n in names]
             where = f"state_dict[{names[1]!r}]"
-            _, gates = _units_and_gates(_array(values[1], where).T, where + ".T")
-            convert = torch_lstm_to_lstm if gates == LSTM_GATES else torch_gru_to_gru
-            layer += convert(*values)
+            _, gates = _units_and_gates(
+                _array(values[1], where).T, where + ".T", simple_rnn=True
+            )
+            layer += _CONVERTERS[gates][0](*values)
         layers.append(layer)
         k += 1
     return layers
 
 
 def keras_to_torch_state_dict(layers_weights, prefix=""):
-    """Converts stacked Keras LSTM/GRU weights to a `nn.LSTM`/`nn.GRU` state.
+    """Converts stacked Keras LSTM/GRU/SimpleRNN weights to a `nn.LSTM` /
+    `nn.GRU` / `nn.RNN` state dict.
 
-    Inverse of `torch_state_dict_to_keras` (LSTM biases: the Keras bias goes
-    into `bias_ih`, zeros into `bias_hh`; see `lstm_to_torch_lstm`).
+    Inverse of `torch_state_dict_to_keras` (LSTM and SimpleRNN biases: the
+    Keras bias goes into `bias_ih`, zeros into `bias_hh`; see
+    `lstm_to_torch_lstm`).
 
     Args:
         layers_weights: list with one entry per layer: the weights of a
-            `keras.layers.LSTM` / `GRU(reset_after=True)` (3 arrays, or 2 with
-            `use_bias=False`), or of a `Bidirectional(..., merge_mode=
+            `keras.layers.LSTM` / `GRU(reset_after=True)` / `SimpleRNN` (3
+            arrays, or 2 with `use_bias=False`), or of a
+            `Bidirectional(..., merge_mode=
             "concat")` / `MaskedBidirectional` around one (6, or 4). All
             layers must have the same type, direction count and bias use.
             For a single layer pass `[layer.get_weights()]`.
@@ -318,8 +430,10 @@ def keras_to_torch_state_dict(layers_weights, prefix=""):
         Dict from `state_dict` keys (`weight_ih_l0`, ..., `bias_hh_l{k}_reverse`)
         to numpy arrays. Load it with
         `module.load_state_dict({k: torch.from_numpy(v) for k, v in d.items()})`
-        into `nn.LSTM`/`nn.GRU(input_size, H, num_layers=len(layers_weights),
-        bidirectional=..., bias=..., batch_first=...)`.
+        into `nn.LSTM`/`nn.GRU`/`nn.RNN(input_size, H,
+        num_layers=len(layers_weights), bidirectional=..., bias=...,
+        batch_first=...)` (`nn.RNN` with the layers' activation as
+        `nonlinearity`).
 
     Example:
 
@@ -336,7 +450,7 @@ def keras_to_torch_state_dict(layers_weights, prefix=""):
     for k, layer in enumerate(layers):
         if len(layer) not in (2, 3, 4, 6):
             raise ValueError(
-                f"`layers_weights[{k}]` must hold 3 arrays (LSTM/GRU), 6 "
+                f"`layers_weights[{k}]` must hold 3 arrays (LSTM/GRU/SimpleRNN), 6 "
                 "(Bidirectional), or 2 / 4 without bias; got "
                 f"{len(layer)}."
             )
@@ -346,15 +460,14 @@ def keras_to_torch_state_dict(layers_weights, prefix=""):
         for d, suffix in enumerate(("", "_reverse")[:directions]):
             part = list(layer[d * per_direction : (d + 1) * per_direction])
             where = f"layers_weights[{k}][{d * per_direction + 1}]"
-            _, gates = _units_and_gates(_array(part[1], where), where)
+            _, gates = _units_and_gates(_array(part[1], where), where, simple_rnn=True)
             signatures.add((gates, directions, per_direction))
-            convert = lstm_to_torch_lstm if gates == LSTM_GATES else gru_to_torch_gru
             names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-            for name, value in zip(names, convert(part)):
+            for name, value in zip(names, _CONVERTERS[gates][1](part)):
                 state[f"{prefix}{name}_l{k}{suffix}"] = value
     if len(signatures) > 1:
         raise ValueError(
             "All entries of `layers_weights` must have the same RNN type, "
-            "direction count and bias use, as in one nn.LSTM/nn.GRU."
+            "direction count and bias use, as in one nn.LSTM/nn.GRU/nn.RNN."
         )
     return state
