@@ -37,6 +37,10 @@ for b in tensorflow jax torch; do
     RUNS[$b-rnn-$c-post]="$b $RNN --padding post --cell $c"
     RUNS[$b-rnn-$c-state-post]="$b $RNN --padding post --cell $c --return-state"
   done
+  # SimpleRNN (tanh; torch nn.RNN), left-padded: no issue-11 target, measured as
+  # the same comparison.
+  RUNS[$b-rnn-simplernn]="$b $RNN --padding pre --cell rnn"
+  RUNS[$b-rnn-simplernn-state]="$b $RNN --padding pre --cell rnn --return-state"
 done
 names=("$@")
 if [ "${names[*]:-}" = rnn ] || [ "${names[*]:-}" = rnn-post ]; then
@@ -54,6 +58,7 @@ if [ ${#names[@]} = 0 ]; then
     for c in lstm gru; do
       names+=("$b-rnn-$c" "$b-rnn-$c-state" "$b-rnn-$c-post" "$b-rnn-$c-state-post")
     done
+    names+=("$b-rnn-simplernn" "$b-rnn-simplernn-state")
   done
 fi
 status=0

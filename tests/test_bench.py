@@ -213,7 +213,7 @@ def test_plot_without_matplotlib_fails_early_and_says_how(monkeypatch, tmp_path)
     assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
 def test_return_state_puts_the_final_states_into_the_checked_output(cell):
     """--return-state: the timed output includes the final states, so ours
     (and PyTorch's packed module, whose h_n/c_n are mapped to Keras' order)
@@ -601,12 +601,21 @@ def test_stacked_preset_is_the_gpu_size_with_two_layers():
         assert stacked[key] == gpu[key]
 
 
+# `--cell`: the Keras layer and the PyTorch module the bench must compare.
+CELL_NAMES = {
+    "lstm": ("LSTM", "LSTM"),
+    "gru": ("GRU", "GRU"),
+    "rnn": ("SimpleRNN", "RNN"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
 def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
-    """--layer rnn: MaskedRNN against the Keras LSTM/GRU fed the mask
-    (zero_output_for_mask=True, as PyTorch pads with zeros) and, on torch,
-    nn.LSTM/GRU(bidirectional=False) packed; stacked, with holes and states."""
+    """--layer rnn: MaskedRNN against the Keras LSTM/GRU/SimpleRNN fed the
+    mask (zero_output_for_mask=True, as PyTorch pads with zeros) and, on
+    torch, nn.LSTM/GRU/RNN(bidirectional=False) packed; stacked, with holes
+    and states."""
     argv = TINY + QUICK + ["--layer", "rnn", "--cell", cell, "--layers", "2"]
     results = bench.main(
         argv + ["--padding", "holes", "--return-state", "--mode", "train"]
@@ -614,7 +623,11 @@ def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
     assert results["config"]["layer"] == "rnn"
     rows = by_case(results)
     assert rows["maskedrnn", "train"]["label"] == "MaskedRNN, mask="
-    assert rows["keras_masked", "train"]["label"] == f"keras {cell.upper()}, mask="
+    keras_name, torch_name = CELL_NAMES[cell]
+    assert rows["keras_masked", "train"]["label"] == f"keras {keras_name}, mask="
+    if BACKEND == "torch":
+        label = f"torch nn.{torch_name}, PackedSequence"
+        assert rows["torch_packed", "train"]["label"] == label
     assert_rows_match_oracles(rows)
     ours = rows["maskedrnn", "train"]["kernels"]
     assert_state_layer_mask_use(ours, cell, directions=1)

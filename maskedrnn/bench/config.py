@@ -16,8 +16,15 @@ IMPLS = {
     "maskedrnn_lengths": "{ours}, lengths=",
     "keras_masked": "keras {keras}, mask=",
     "keras_unmasked": "keras {keras}, no mask (ceiling)",
-    "torch_packed": "torch nn.{cell}{torch}, PackedSequence",
-    "torch_unpacked": "torch nn.{cell}{torch}, padded (ceiling)",
+    "torch_packed": "torch nn.{torch_cell}{torch}, PackedSequence",
+    "torch_unpacked": "torch nn.{torch_cell}{torch}, padded (ceiling)",
+}
+# `--cell`: the Keras layer (`keras.layers.<keras>`) and PyTorch module
+# (`torch.nn.<torch>`) of each cell; "rnn" is a tanh SimpleRNN / nn.RNN.
+CELLS = {
+    "lstm": {"keras": "LSTM", "torch": "LSTM"},
+    "gru": {"keras": "GRU", "torch": "GRU"},
+    "rnn": {"keras": "SimpleRNN", "torch": "RNN"},
 }
 # `--layer`: what ours and Keras' layers are, and PyTorch's direction flag.
 LAYERS = {
@@ -185,14 +192,20 @@ def build_parser():
             "from KERAS_BACKEND."
         ),
     )
-    parser.add_argument("--cell", choices=("lstm", "gru"), default="lstm")
+    parser.add_argument(
+        "--cell",
+        choices=tuple(CELLS),
+        default="lstm",
+        help="'lstm' (default), 'gru' or 'rnn' (keras SimpleRNN with its "
+        "default tanh; torch nn.RNN)",
+    )
     parser.add_argument(
         "--layer",
         choices=tuple(LAYERS),
         default="bidirectional",
         help="'bidirectional' (MaskedBidirectional against keras Bidirectional "
         "and torch bidirectional=True, default) or 'rnn' (MaskedRNN against "
-        "the keras LSTM/GRU itself and torch bidirectional=False; the Keras "
+        "the keras LSTM/GRU/SimpleRNN itself and torch bidirectional=False; the Keras "
         "layers get zero_output_for_mask=True, so padded steps are zeros as "
         "in PyTorch's packed output)",
     )

@@ -83,16 +83,18 @@ class Harness:
         )
 
     def torch_module(self, cell, keras_layers, units, bidirectional=True):
-        """nn.LSTM/GRU(num_layers=len(keras_layers)) with the weights of the
-        stacked Keras `Bidirectional` (or, `bidirectional=False`, LSTM/GRU)
-        layers."""
+        """nn.LSTM/GRU/RNN(num_layers=len(keras_layers)) with the weights of
+        the stacked Keras `Bidirectional` (or, `bidirectional=False`,
+        LSTM/GRU/SimpleRNN) layers (`cell` as `--cell`)."""
         from maskedrnn.convert import keras_to_torch_state_dict
 
         torch = self.torch
         first = keras_layers[0]
         first = first.forward_layer if bidirectional else first
         features = first.cell.kernel.shape[0]
-        cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
+        from maskedrnn.bench.config import CELLS
+
+        cls = getattr(torch.nn, CELLS[cell]["torch"])
         module = cls(
             features,
             units,

@@ -7,7 +7,7 @@ import sys
 import keras
 import numpy as np
 
-from maskedrnn.bench.config import BASELINES, CEILINGS, OURS, REFERENCE
+from maskedrnn.bench.config import BASELINES, CEILINGS, CELLS, OURS, REFERENCE
 
 
 def ratios(rows, modes):
@@ -71,7 +71,7 @@ def format_table(results):
     lines = [
         f"backend {c['backend']} on {results['environment']['device']}, "
         f"{'' if c.get('layer', 'bidirectional') == 'bidirectional' else 'MaskedRNN, '}"
-        f"{c['cell'].upper()}, B={c['batch']} T={c['time']} D={c['features']} "
+        f"{CELLS[c['cell']]['keras']}, B={c['batch']} T={c['time']} D={c['features']} "
         f"U={c['units']}{layers}, lengths {c['lengths']} "
         f"(mean {c['mean_length']:.1f}, "
         f"{100 * c['padding_fraction']:.0f}% padding, {padding}-padded)"
@@ -170,7 +170,7 @@ def plot(results, path):
         ax.set_xlim(0, max(r["p75_ms"] for r in rows) * 1.3)
     fig.suptitle(
         f"{c['backend']} ({results['environment']['device']}), "
-        f"{c['cell'].upper()} B={c['batch']} T={c['time']} D={c['features']} "
+        f"{CELLS[c['cell']]['keras']} B={c['batch']} T={c['time']} D={c['features']} "
         f"U={c['units']}, lengths {c['lengths']}, {c.get('padding', 'post')}"
         "-padded  (gray: ceiling, wrong results)",
         fontsize=9,

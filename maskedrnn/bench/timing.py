@@ -72,7 +72,8 @@ def max_abs_diff(a, b):
 
 
 def make_cell(cell, units, return_state=False, **kwargs):
-    cls = keras.layers.LSTM if cell == "lstm" else keras.layers.GRU
+    """The Keras RNN layer of `--cell` (`config.CELLS`), returning sequences."""
+    cls = getattr(keras.layers, config.CELLS[cell]["keras"])
     return cls(units, return_sequences=True, return_state=return_state, **kwargs)
 
 
@@ -296,8 +297,11 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
 
     for row in rows:
         names = {k: str(v) for k, v in config.LAYERS[kind].items()}
-        names["keras"] = names["keras"].format(cell=args.cell.upper())
-        row["label"] = IMPLS[row["impl"]].format(cell=args.cell.upper(), **names)
+        cell_names = config.CELLS[args.cell]
+        names["keras"] = names["keras"].format(cell=cell_names["keras"])
+        row["label"] = IMPLS[row["impl"]].format(
+            torch_cell=cell_names["torch"], **names
+        )
     return {
         "config": {
             "backend": backend,
