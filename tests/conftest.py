@@ -22,6 +22,15 @@ differences a wrong mask makes (1e-1 and more, which the tests also check).
 On a CPU none of this changes anything: there is no TF32 there, and XLA's
 CPU matmuls are full float32 at any precision setting.
 
+On a JAX CPU ours runs Keras' own masked loop on the caller's order
+(`maskedrnn.layers.kernels.jax_cpu_reason`: JAX has no fused kernel there):
+the very loop of the Keras oracle. So that the suite keeps testing, on JAX
+too, the direction core that a JAX GPU runs (valid-first gathers, per-row
+reversals, unmasked inner RNNs, final states at each row's length), that
+rule is turned off in every test not marked `jax_cpu_masked_loop`
+(`_jax_cpu_rule`); the marked tests (tests/test_kernels.py) specify the rule
+itself. Subprocess tests (docs, demo, notebooks, deploy) run it as users do.
+
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
 kernel over valid-first data, and its packed kernel, which returns the final
@@ -45,6 +54,20 @@ def grad_mode(request):
 
     with torch.set_grad_enabled(request.param == "grad"):
         yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _jax_cpu_rule(request, monkeypatch):
+    """Turns `kernels.jax_cpu_reason` off unless the test is marked
+    `jax_cpu_masked_loop` (see the module docstring)."""
+    if (
+        keras.backend.backend() == "jax"
+        and request.node.get_closest_marker("jax_cpu_masked_loop") is None
+    ):
+        from maskedrnn.layers import kernels
+
+        monkeypatch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+    yield
 
 
 def pytest_configure(config):

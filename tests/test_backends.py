@@ -22,8 +22,7 @@ Which function ends up computing on this machine (asserted below):
 |------------|-----------------------------------------|---------------------------|
 | tensorflow | `lstm`/`gru` decline -> `rnn` (no mask) | `lstm`/`gru` (cuDNN)      |
 | jax        | `lstm` declines -> `rnn` (no mask);     | `lstm` (cuDNN); `gru`     |
-|            | GRUs skip `gru` -> `rnn` (no mask; see  | (`lax.scan`)              |
-|            | `_backend.prefers_generic_gru_loop`)    |                           |
+|            | `gru` computes (`lax.scan`, no mask)    | (`lax.scan`)              |
 | torch      | PyTorch's `torch.lstm`/`gru` via        | `lstm`/`gru` (cuDNN)      |
 |            | `maskedrnn._torch_kernels` (no Keras    |                           |
 |            | call); with it turned off, `lstm`/`gru` |                           |
@@ -31,6 +30,12 @@ Which function ends up computing on this machine (asserted below):
 
 With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
 device (TensorFlow's cuDNN path accepts right-padded masks only).
+
+On a JAX CPU ours runs Keras' masked loop by default (JAX has no fused
+kernel there, `maskedrnn.layers.kernels.jax_cpu_reason`, specified in
+tests/test_kernels.py); tests/conftest.py turns that rule off for the tests
+here, so that the JAX column above is what they prove: the path a JAX GPU
+takes, with Keras' kernels on the CPU.
 
 On the torch backend every eager test runs twice: with the default kernels
 (PyTorch's own on CPU) and with `_torch_kernels` turned off (Keras' inner
@@ -87,12 +92,6 @@ def fused_without_mask(cell):
     if BACKEND == "torch" or (BACKEND == "jax" and cell == "gru"):
         return True
     return _gpu_here()
-
-
-def generic_gru_loop_here(cell):
-    """Whether ours sends its GRUs to Keras' generic loop here (JAX on CPU,
-    where that loop is faster than Keras' GRU kernel; still no mask)."""
-    return cell == "gru" and BACKEND == "jax" and not _gpu_here()
 
 
 def native_kernels_here():
@@ -227,13 +226,6 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
         return
     if "native" in spies:
         assert spies["native"].calls == []
-    if generic_gru_loop_here(cell):
-        assert all(layer.use_cudnn is False for layer in inner)
-        assert spies["gru"].calls == [] and spies["lstm"].calls == []
-        generic = spies["rnn"]
-        assert generic.calls and len(generic.calls) % 2 == 0
-        assert generic.masks() == [None] * len(generic.calls)
-        return
     fused = spies[cell]
     assert fused.calls, f"backend.{cell} was never called"
     assert fused.masks() == [None] * len(fused.calls)
@@ -371,26 +363,3 @@ def test_fit_step_keras_bidirectional_passes_the_mask(spies):
         spy.clear()
     one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
     assert_keras_passed_mask(spies, "lstm")
-
-
-def test_jax_cpu_grus_take_the_generic_loop_unless_told_otherwise():
-    """On a JAX CPU, ours' GRU copies get use_cudnn=False (Keras' generic
-    loop, faster there than Keras' GRU kernel); the wrapped layer itself,
-    LSTMs and an explicit use_cudnn=True are left alone."""
-    if not generic_gru_loop_here("gru"):
-        pytest.skip("only on the JAX backend on CPU")
-    wrapped = keras.layers.GRU(U)
-    ours = MaskedBidirectional(wrapped)
-    assert wrapped.use_cudnn == "auto"
-    assert ours.forward_layer.use_cudnn is False
-    assert ours.backward_layer.use_cudnn is False
-    ours.build((None, None, D))
-    assert "generic step loop" in ours.kernel_info()["forward"]
-    config = ours.get_config()
-    assert "use_cudnn" not in config["layer"]["config"]
-    reloaded = MaskedBidirectional.from_config(config)
-    assert reloaded.forward_layer.use_cudnn is False
-    asked = MaskedBidirectional(keras.layers.GRU(U, use_cudnn=True))
-    assert asked.forward_layer.use_cudnn is True
-    lstm = MaskedBidirectional(keras.layers.LSTM(U))
-    assert lstm.forward_layer.use_cudnn == "auto"

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
+from maskedrnn.layers import kernels
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -68,7 +69,12 @@ def assert_state_layer_mask_use(ours, cell, directions):
 def lstm_run(tmp_path_factory):
     """One end-to-end run (LSTM, both modes, every implementation)."""
     path = tmp_path_factory.mktemp("bench") / "lstm.json"
-    returned = bench.main(TINY + QUICK + ["--json", str(path)])
+    with pytest.MonkeyPatch.context() as patch:
+        # Module-scoped, so before tests/conftest.py's function-scoped
+        # `_jax_cpu_rule`: turn the JAX CPU rule off here the same way.
+        if BACKEND == "jax":
+            patch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+        returned = bench.main(TINY + QUICK + ["--json", str(path)])
     with open(path) as f:
         return json.load(f), returned
 

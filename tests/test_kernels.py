@@ -11,7 +11,12 @@ tests/test_final_state.py (the unmasked path with recomputed states).
   reordering; the backward direction reads both flipped), given `lengths=`,
   on the right-padded data with the right-padded mask of the lengths; where
   Keras could run cuDNN (a GPU, faked here), it runs unmasked.
-- Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask.
+- Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask
+  (on JAX with the JAX CPU rule turned off, as tests/conftest.py does for
+  every test not marked `jax_cpu_masked_loop`).
+- On a JAX CPU every LSTM, GRU and SimpleRNN runs Keras' masked loop as
+  above (JAX has no fused kernel there), with states or without, unless the
+  wrapped layer says `use_cudnn=True` or Keras sees a GPU (faked here).
 - On torch on CPU, PyTorch's kernel runs on the packed valid steps only.
 """
 
@@ -27,6 +32,7 @@ from tests.helpers import (
     BACKEND,
     assert_close,
     lengths_to_mask,
+    loss_and_grads,
     oracle_pair,
     spy_masks,
     to_np,
@@ -129,6 +135,89 @@ def test_use_cudnn_false_counts_as_no_fused_kernel(fake_gpu):
     runner, reason = kernels.choose(layer.layer, layer.layer.cell.kernel, True)
     assert runner is kernels.run_keras_masked
     assert "use_cudnn=False" in reason
+
+
+# ------------------------------------------------------- JAX CPU: masked loop
+
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="the JAX CPU rule: JAX only")
+
+
+def holes_mask():
+    """Valid steps anywhere, one all-padding row (row 2)."""
+    rng = np.random.default_rng(7)
+    mask = rng.random((B, T)) < 0.6
+    mask[0] = True
+    mask[2] = False
+    return mask
+
+
+@jax_only
+@pytest.mark.jax_cpu_masked_loop
+@pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
+@pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
+@pytest.mark.parametrize("how", ["left", "holes", "lengths"])
+def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(kind, wrapper, how):
+    """Outputs, states and gradients (inputs and every weight) equal Keras'
+    masked layer; the inner RNNs get exactly the caller's mask (flipped for
+    the backward direction) or, with `lengths=`, the right-padded mask of
+    the lengths; `kernel_info` says why."""
+    if keras_has_gpu():
+        pytest.skip("a GPU is visible: the RNNs run unmasked there")
+    ours, ref = oracle_pair(
+        kind, U, D, wrapper=wrapper, return_sequences=True, return_state=True
+    )
+    inner = [ours.layer] if wrapper == "rnn" else [
+        ours.forward_layer, ours.backward_layer
+    ]
+    seen = spy_masks(inner)
+    x = np.random.default_rng(2).standard_normal((B, T, D)).astype("float32")
+    if how == "lengths":
+        mask = lengths_to_mask(LENGTHS, T)
+        ours_kwargs = {"lengths": LENGTHS}
+        expected = [mask] * len(inner)
+    else:
+        mask = left_padded_mask() if how == "left" else holes_mask()
+        ours_kwargs = {"mask": mask}
+        expected = [mask, mask[:, ::-1]][: len(inner)]
+    assert_close(ours(x, **ours_kwargs), ref(x, mask=mask))
+    assert len(seen) == len(inner)
+    for m, want in zip(seen, expected):
+        np.testing.assert_array_equal(to_np(m), want)
+    loss, grads = loss_and_grads(ours, x, **ours_kwargs)
+    ref_loss, ref_grads = loss_and_grads(ref, x, mask=mask)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for g, want in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
+    # An LSTM returning states gives the older reason (`states_reason`).
+    why = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
+    for sentence in ours.kernel_info().values():
+        assert "masked step loop" in sentence and why in sentence
+
+
+@jax_only
+@pytest.mark.jax_cpu_masked_loop
+def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
+    gru = MaskedRNN(keras.layers.GRU(U, return_sequences=True, use_cudnn=True))
+    gru.build((None, None, D))
+    assert kernels.jax_cpu_reason(gru.layer) is None
+    runner, _ = kernels.choose(gru.layer, gru.layer.cell.kernel)
+    assert runner is kernels.run_keras_unmasked
+    auto = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
+    auto.build((None, None, D))
+    assert kernels.jax_cpu_reason(auto.layer) is not None
+    module = importlib.import_module("keras.src.backend.jax.rnn")
+    monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
+    assert kernels.jax_cpu_reason(auto.layer) is None
+    runner, _ = kernels.choose(auto.layer, auto.layer.cell.kernel)
+    assert runner is kernels.run_keras_unmasked
+
+
+@pytest.mark.jax_cpu_masked_loop
+def test_jax_cpu_rule_is_jax_only():
+    layer = MaskedRNN(keras.layers.LSTM(U, return_sequences=True))
+    layer.build((None, None, D))
+    reason = kernels.jax_cpu_reason(layer.layer)
+    assert (reason is not None) == (BACKEND == "jax" and not keras_has_gpu())
 
 
 # ------------------------------------------------------------ torch, packed

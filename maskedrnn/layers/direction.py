@@ -351,7 +351,6 @@ def inner_copy(layer, name):
     # `use_cudnn` is not part of the config (as in keras.layers.Bidirectional).
     if hasattr(layer, "use_cudnn"):
         inner.use_cudnn = layer.use_cudnn
-    kernels.use_generic_gru_loop(inner)
     return inner
 
 

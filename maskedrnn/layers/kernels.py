@@ -16,15 +16,16 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   masked batch runs them from the caller's order in one torch call
   (`direction.run_in_torch`); these runners serve valid-first callers;
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
-  backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; JAX's GRU scan).
-  On a JAX CPU a GRU is sent to Keras' generic loop instead (faster there,
-  `_backend.prefers_generic_gru_loop`). No backend has a fused SimpleRNN
-  kernel: an unmasked SimpleRNN runs Keras' generic step loop;
+  backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; on a JAX GPU a
+  GRU runs Keras' `lax.scan` GRU kernel, JAX having no cuDNN GRU). No
+  backend has a fused SimpleRNN kernel: an unmasked SimpleRNN runs Keras'
+  generic step loop;
 - `run_keras_masked`: the Keras inner layer with a right-padded mask, for
   layers that have no fused kernel to keep (`keras.layers.RNN(cell)`, custom
   cells, `recurrent_dropout > 0`), for an LSTM whose final states are wanted
   where Keras has no fused LSTM kernel (TensorFlow and JAX without a GPU,
-  `states_reason`), and for one Keras bug (float64 SimpleRNN on JAX). Exact,
+  `states_reason`), for every RNN on a JAX CPU (no fused kernel there at
+  all, `jax_cpu_reason`), and for one Keras bug (float64 SimpleRNN on JAX). Exact,
   and it returns the states itself. Since that loop reads any mask, a batch
   given with `mask=` skips the valid-first reordering for these layers and
   runs `direction.run_masked_loop` on the caller's order instead
@@ -146,6 +147,33 @@ def states_reason(inner):
     )
 
 
+def jax_cpu_reason(inner):
+    """None, or why `inner` runs Keras' masked loop on a JAX CPU.
+
+    JAX has no fused RNN kernel without a GPU: Keras' JAX backend reaches
+    cuDNN only on one, and its unmasked GRU kernel (a `lax.scan` over input
+    projections computed up front) runs the forward pass 1.6-2.8x slower
+    than its generic loop on a CPU (docs/results/jax-scan-paths.txt). So
+    there every Keras RNN runs a `lax.scan` step loop, masked or not, at
+    nearly the same cost: the mask adds a fused select per step. Ours'
+    valid-first gathers and per-row reversals would cost extra on top
+    (1.01-1.13x Keras masked at B=32 T=100 D=U=64 left-padded for a GRU or
+    SimpleRNN; 1.74x in the forward pass of a bidirectional GRU at B=64
+    T=200 D=U=128; docs/benchmarks.md). Keras' masked loop on the caller's
+    order is exact and does none of it. Not where the wrapped layer says
+    `use_cudnn=True` (the user asked for Keras' kernel: it runs unmasked).
+    """
+    if keras.backend.backend() != "jax" or _backend.has_fused_rnn_kernel():
+        return None
+    if getattr(inner, "use_cudnn", "auto") is True:
+        return None
+    return (
+        "JAX has no fused RNN kernel without a GPU, so Keras' masked loop "
+        "costs about what its unmasked loop does, and running it on the "
+        "batch as it is saves the valid-first reordering"
+    )
+
+
 def choose(inner, where, want_states=False):
     """The runner for `inner` with data on the device of `where`, and why.
 
@@ -165,6 +193,8 @@ def choose(inner, where, want_states=False):
     masked = masked_reason(inner)
     if masked is None and want_states:
         masked = states_reason(inner)
+    if masked is None:
+        masked = jax_cpu_reason(inner)
     if masked is not None:
         return run_keras_masked, (
             f"Keras {name} in Keras' masked step loop, given the batch's mask "
@@ -195,12 +225,7 @@ def choose(inner, where, want_states=False):
             "than the packed kernel: gradients are recorded, or an LSTM "
             "without states runs PyTorch's fused oneDNN kernel)"
         )
-    if getattr(inner, "_maskedrnn_generic_gru_loop", False):
-        text = (
-            f"Keras {name}, unmasked, in Keras' generic step loop: on a JAX "
-            "CPU it is faster than Keras' GRU kernel"
-        )
-    elif getattr(inner, "use_cudnn", "auto") is False:
+    if getattr(inner, "use_cudnn", "auto") is False:
         text = (
             f"Keras {name}, unmasked, in Keras' generic step loop (the wrapped "
             "layer has use_cudnn=False)"
@@ -218,11 +243,3 @@ def choose(inner, where, want_states=False):
     if keras.backend.backend() == "torch":
         text += f". Not PyTorch's native kernel: {reason}"
     return run_keras_unmasked, text
-
-
-def use_generic_gru_loop(inner):
-    """Sends a GRU on a JAX CPU to Keras' generic loop (still unmasked) when
-    `_backend.prefers_generic_gru_loop` says it is faster there."""
-    if _backend.prefers_generic_gru_loop(inner):
-        inner.use_cudnn = False
-        inner._maskedrnn_generic_gru_loop = True
