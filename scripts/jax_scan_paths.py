@@ -8,10 +8,11 @@ Cases, for an LSTM and a GRU of `U` units:
 
 - `keras loop`: Keras' generic step loop (`backend.rnn` over the cell's
   `call`, the layer with `use_cudnn=False`): what Keras' masked layer runs
-  on a JAX CPU, and what ours runs without a mask;
+  on a JAX CPU, and, with the mask, what ours runs there
+  (`maskedrnn.layers.kernels.jax_cpu_reason`);
 - `keras backend.gru` (GRU only): Keras' unmasked JAX GRU kernel (the input
-  projections of all steps in one matmul, then a `lax.scan`), which ours
-  avoids on a JAX CPU (`maskedrnn._backend.prefers_generic_gru_loop`);
+  projections of all steps in one matmul, then a `lax.scan`), which a JAX
+  GPU runs (JAX has no cuDNN GRU) and ours avoids on a JAX CPU;
 - `own scan`: the same equations written as one projection-first scan: the
   input projections of all steps in one matmul outside the loop, split into
   gate blocks before the loop (the fastest form found; splitting inside the

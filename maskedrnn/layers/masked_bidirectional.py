@@ -26,9 +26,10 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     Behaves like `keras.layers.Bidirectional` fed a mask: masked steps are
     skipped (the state is carried over them), in both directions. Unlike it,
-    the two inner RNNs never receive a mask, so Keras can run its fused
-    cuDNN kernels on GPU. How: each row's valid steps are moved to the front
-    (one gather; not needed when `lengths` is given), the forward RNN reads
+    wherever a fused kernel could run the two inner RNNs never receive a
+    mask, so Keras can run its fused cuDNN kernels on GPU. How: each row's
+    valid steps are moved to the front (one gather; not needed when
+    `lengths` is given), the forward RNN reads
     them in order, the backward RNN reads them reversed by each row's own
     length (`maskedrnn.ops.reverse_sequence`, so it reads `3 2 1`, not
     `0 0 3 2 1`), and the outputs are put back where they came from.
@@ -48,7 +49,9 @@ class MaskedBidirectional(direction.MaskedWrapper):
     backend on CPU PyTorch's kernel runs on the packed valid steps when no
     gradient is recorded. Any other RNN layer (`keras.layers.RNN(cell)`,
     custom cells, `recurrent_dropout > 0`) has no fused kernel to lose: it
-    runs Keras' masked loop as well, so its results are exact too. That
+    runs Keras' masked loop as well, so its results are exact too; so does
+    every RNN on the JAX backend without a GPU (JAX has no fused RNN kernel
+    there; not with `use_cudnn=True`). That
     loop reads any mask: given `mask=`, both directions run on the data as
     it is, the backward one flipped as in Keras' `Bidirectional` (no
     reordering; masked inputs zeroed); given `lengths=`, with their

@@ -42,7 +42,9 @@ class MaskedRNN(direction.MaskedWrapper):
     torch on CPU PyTorch's kernel runs on the packed valid steps when no
     gradient is recorded (inference). `keras.layers.RNN(cell)`, custom
     cells and `recurrent_dropout > 0` have no fused kernel to keep: they
-    run Keras' masked loop too, exact as well. That loop reads any mask,
+    run Keras' masked loop too, exact as well, and so does every layer on
+    the JAX backend without a GPU (JAX has no fused RNN kernel there; not
+    with `use_cudnn=True`). That loop reads any mask,
     so given `mask=` it runs on the data as it is (no reordering; masked
     inputs zeroed); given `lengths=`, with their right-padded mask.
     `kernel_info()` says which code runs and why.
