@@ -69,28 +69,41 @@ def _units_and_gates(recurrent_kernel, name, simple_rnn=False):
     return units, columns // units
 
 
-def _keras_lstm(weights, name="weights"):
-    """Validates Keras LSTM weights; returns (kernel, rk, bias, D, U)."""
+def _blocks(n_gates):
+    """"4 * units", or "units" for one block."""
+    return "units" if n_gates == 1 else f"{n_gates} * units"
+
+
+def _keras_summed_bias(weights, n_gates, layer_name, name):
+    """Validates `[kernel (D, G*U), recurrent_kernel (U, G*U), bias (G*U,)]`
+    of a Keras layer with one bias (LSTM, SimpleRNN); returns
+    (kernel, rk, bias, D, U)."""
+    what = f"of a keras {layer_name}"
     kernel, recurrent_kernel, bias = _array_list(
-        weights, 3, name, "[kernel, recurrent_kernel, bias] of a keras LSTM"
+        weights, 3, name, f"[kernel, recurrent_kernel, bias] {what}"
     )
     units = recurrent_kernel.shape[0] if recurrent_kernel.ndim == 2 else 0
     _check_shape(
         recurrent_kernel,
-        (units, 4 * units),
+        (units, n_gates * units),
         f"{name}[1]",
-        "recurrent_kernel (units, 4 * units) of a keras LSTM",
+        f"recurrent_kernel (units, {_blocks(n_gates)}) {what}",
     )
     if kernel.ndim != 2:
         raise ValueError(
-            f"`{name}[0]` must be the 2-D kernel (input_dim, 4 * units); "
+            f"`{name}[0]` must be the 2-D kernel (input_dim, {_blocks(n_gates)}); "
             f"got shape {kernel.shape}."
         )
     _check_shape(
-        kernel, (kernel.shape[0], 4 * units), f"{name}[0]", "kernel of a keras LSTM"
+        kernel, (kernel.shape[0], n_gates * units), f"{name}[0]", f"kernel {what}"
     )
-    _check_shape(bias, (4 * units,), f"{name}[2]", "bias of a keras LSTM")
+    _check_shape(bias, (n_gates * units,), f"{name}[2]", f"bias {what}")
     return kernel, recurrent_kernel, bias, kernel.shape[0], units
+
+
+def _keras_lstm(weights, name="weights"):
+    """Validates Keras LSTM weights; returns (kernel, rk, bias, D, U)."""
+    return _keras_summed_bias(weights, LSTM_GATES, "LSTM", name)
 
 
 def _keras_gru(weights, name="weights"):
@@ -161,26 +174,7 @@ def _keras_without_bias(weights, n_gates, layer_name):
 
 def _keras_simple_rnn(weights, name="weights"):
     """Validates Keras SimpleRNN weights; returns (kernel, rk, bias, D, U)."""
-    kernel, recurrent_kernel, bias = _array_list(
-        weights, 3, name, "[kernel, recurrent_kernel, bias] of a keras SimpleRNN"
-    )
-    units = recurrent_kernel.shape[0] if recurrent_kernel.ndim == 2 else 0
-    _check_shape(
-        recurrent_kernel,
-        (units, units),
-        f"{name}[1]",
-        "recurrent_kernel (units, units) of a keras SimpleRNN",
-    )
-    if kernel.ndim != 2:
-        raise ValueError(
-            f"`{name}[0]` must be the 2-D kernel (input_dim, units); "
-            f"got shape {kernel.shape}."
-        )
-    _check_shape(
-        kernel, (kernel.shape[0], units), f"{name}[0]", "kernel of a keras SimpleRNN"
-    )
-    _check_shape(bias, (units,), f"{name}[2]", "bias of a keras SimpleRNN")
-    return kernel, recurrent_kernel, bias, kernel.shape[0], units
+    return _keras_summed_bias(weights, SIMPLE_RNN_GATES, "SimpleRNN", name)
 
 
 def _layers_list(layers_weights):

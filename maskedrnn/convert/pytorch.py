@@ -75,6 +75,40 @@ def _torch_arrays(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
     return weight_ih, weight_hh, bias_ih, bias_hh
 
 
+def _torch_summed_to_keras(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
+    """One direction of a PyTorch layout whose gate blocks are in Keras'
+    order and whose two biases Keras keeps as their sum (`nn.LSTM`,
+    `nn.RNN`): `[kernel, recurrent_kernel(, bias)]`."""
+    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+        weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module
+    )
+    # Same gate order; PyTorch computes x @ W.T, Keras x @ kernel.
+    kernel = np.ascontiguousarray(weight_ih.T)
+    recurrent_kernel = np.ascontiguousarray(weight_hh.T)
+    if bias_ih is None:
+        return [kernel, recurrent_kernel]
+    return [kernel, recurrent_kernel, bias_ih + bias_hh]
+
+
+def _keras_summed_to_torch(weights, n_gates, layer_name, validate):
+    """The inverse of `_torch_summed_to_keras` (`validate`: the Keras weight
+    check of `layer_name` with a bias), the whole bias in `bias_ih`."""
+    if isinstance(weights, (list, tuple)) and len(weights) == 2:
+        kernel, recurrent_kernel = _keras_without_bias(weights, n_gates, layer_name)
+        return [
+            np.ascontiguousarray(kernel.T),
+            np.ascontiguousarray(recurrent_kernel.T),
+        ]
+    kernel, recurrent_kernel, bias, _, _ = validate(weights)
+    # Same gate order; transpose to (G*H, in).
+    return [
+        np.ascontiguousarray(kernel.T),
+        np.ascontiguousarray(recurrent_kernel.T),
+        bias.copy(),
+        np.zeros_like(bias),
+    ]
+
+
 def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """Converts one direction of one `torch.nn.LSTM` layer to Keras.
 
@@ -101,15 +135,10 @@ def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     >>> [a.shape for a in w], float(w[2][0])
     ([(3, 8), (2, 8), (8,)], 2.0)
     """
-    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+    # Gate order i, f, g(=c), o in both.
+    return _torch_summed_to_keras(
         weight_ih, weight_hh, bias_ih, bias_hh, LSTM_GATES, "nn.LSTM"
     )
-    # Same gate order; PyTorch computes x @ W.T, Keras x @ kernel.
-    kernel = np.ascontiguousarray(weight_ih.T)
-    recurrent_kernel = np.ascontiguousarray(weight_hh.T)
-    if bias_ih is None:
-        return [kernel, recurrent_kernel]
-    return [kernel, recurrent_kernel, bias_ih + bias_hh]
 
 
 def lstm_to_torch_lstm(weights):
@@ -133,20 +162,8 @@ def lstm_to_torch_lstm(weights):
     >>> [a.shape for a in t], float(t[3][0])
     ([(8, 3), (8, 2), (8,), (8,)], 0.0)
     """
-    if isinstance(weights, (list, tuple)) and len(weights) == 2:
-        kernel, recurrent_kernel = _keras_without_bias(weights, LSTM_GATES, "LSTM")
-        return [
-            np.ascontiguousarray(kernel.T),
-            np.ascontiguousarray(recurrent_kernel.T),
-        ]
-    kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
-    # Same gate order i, f, c(g), o; transpose to (4H, in).
-    return [
-        np.ascontiguousarray(kernel.T),
-        np.ascontiguousarray(recurrent_kernel.T),
-        bias.copy(),
-        np.zeros_like(bias),
-    ]
+    # Gate order i, f, c(g), o in both.
+    return _keras_summed_to_torch(weights, LSTM_GATES, "LSTM", _keras_lstm)
 
 
 def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
@@ -259,16 +276,10 @@ def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     >>> [a.shape for a in w], float(w[2][0])
     ([(3, 2), (2, 2), (2,)], 2.0)
     """
-    weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
+    # One block, nothing to reorder.
+    return _torch_summed_to_keras(
         weight_ih, weight_hh, bias_ih, bias_hh, SIMPLE_RNN_GATES, "nn.RNN"
     )
-    # One block, nothing to reorder; PyTorch computes x @ W.T, Keras
-    # x @ kernel.
-    kernel = np.ascontiguousarray(weight_ih.T)
-    recurrent_kernel = np.ascontiguousarray(weight_hh.T)
-    if bias_ih is None:
-        return [kernel, recurrent_kernel]
-    return [kernel, recurrent_kernel, bias_ih + bias_hh]
 
 
 def simple_rnn_to_torch_rnn(weights):
@@ -296,22 +307,10 @@ def simple_rnn_to_torch_rnn(weights):
     >>> [a.shape for a in t], float(t[3][0])
     ([(2, 3), (2, 2), (2,), (2,)], 0.0)
     """
-    if isinstance(weights, (list, tuple)) and len(weights) == 2:
-        kernel, recurrent_kernel = _keras_without_bias(
-            weights, SIMPLE_RNN_GATES, "SimpleRNN"
-        )
-        return [
-            np.ascontiguousarray(kernel.T),
-            np.ascontiguousarray(recurrent_kernel.T),
-        ]
-    kernel, recurrent_kernel, bias, _, _ = _keras_simple_rnn(weights)
-    # One block; transpose to (H, in).
-    return [
-        np.ascontiguousarray(kernel.T),
-        np.ascontiguousarray(recurrent_kernel.T),
-        bias.copy(),
-        np.zeros_like(bias),
-    ]
+    # One block, nothing to reorder.
+    return _keras_summed_to_torch(
+        weights, SIMPLE_RNN_GATES, "SimpleRNN", _keras_simple_rnn
+    )
 
 
 # Per number of blocks G of `weight_hh (G*H, H)`: the converters of one
