@@ -33,10 +33,11 @@ path is worth its code only then.
 import os
 
 os.environ["KERAS_BACKEND"] = "jax"
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+
+# One XLA CPU thread, as the bench's --threads 1 (before JAX starts).
+from maskedrnn.bench.harness_jax import set_threads  # noqa: E402
+
+set_threads(1)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
