@@ -56,17 +56,21 @@ def grad_mode(request):
         yield request.param
 
 
+def turn_off_jax_cpu_rule(monkeypatch):
+    """On JAX, makes `kernels.jax_cpu_reason` say "no" through `monkeypatch`
+    (a `pytest.MonkeyPatch`); elsewhere the rule is off anyway."""
+    if keras.backend.backend() == "jax":
+        from maskedrnn.layers import kernels
+
+        monkeypatch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+
+
 @pytest.fixture(autouse=True)
 def _jax_cpu_rule(request, monkeypatch):
     """Turns `kernels.jax_cpu_reason` off unless the test is marked
     `jax_cpu_masked_loop` (see the module docstring)."""
-    if (
-        keras.backend.backend() == "jax"
-        and request.node.get_closest_marker("jax_cpu_masked_loop") is None
-    ):
-        from maskedrnn.layers import kernels
-
-        monkeypatch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+    if request.node.get_closest_marker("jax_cpu_masked_loop") is None:
+        turn_off_jax_cpu_rule(monkeypatch)
     yield
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
-from maskedrnn.layers import kernels
+from tests.conftest import turn_off_jax_cpu_rule
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -72,8 +72,7 @@ def lstm_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         # Module-scoped, so before tests/conftest.py's function-scoped
         # `_jax_cpu_rule`: turn the JAX CPU rule off here the same way.
-        if BACKEND == "jax":
-            patch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+        turn_off_jax_cpu_rule(patch)
         returned = bench.main(TINY + QUICK + ["--json", str(path)])
     with open(path) as f:
         return json.load(f), returned
