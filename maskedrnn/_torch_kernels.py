@@ -116,29 +116,33 @@ def _device_type(where):
 
 def packed_preferred(inner, want_states):
     """Whether `run` should use the packed kernel for `inner` now: when no
-    gradient is being recorded (inference), for a GRU or SimpleRNN, and for
-    an LSTM whose final states are wanted.
+    gradient is being recorded (inference) and `inner` is a GRU or
+    SimpleRNN. `want_states` no longer decides (an LSTM's exact final
+    states come from its unpacked kernel too, `saturated_lstm`); it is
+    kept so that callers state what they need.
 
-    PyTorch's packed CPU kernels skip the padded steps and return exact final
-    states, but their backward pass is slower than the unpacked kernels',
-    and an unpacked LSTM runs PyTorch's fused oneDNN kernel, which the packed
-    one does not (the CPU benchmark, B=32 T=100 D=U=64, 38% padding, one
-    thread, `torch_packed` / `torch_unpacked` in
+    PyTorch's packed CPU kernels skip the padded steps and return exact
+    final states, but their backward pass is slower than the unpacked
+    kernels', and an unpacked LSTM runs PyTorch's fused oneDNN kernel,
+    which the packed one does not (the CPU benchmark, B=32 T=100 D=U=64,
+    38% padding, one thread, `torch_packed` / `torch_unpacked` in
     docs/results/cpu-torch-rnn-{lstm,gru}.json: `nn.LSTM` fwd+bwd 23.8 /
-    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 20.2 / 13.5 ms, fwd 3.1 / 3.4
-    ms). So training runs the unpacked kernel over the zero-padded
-    valid-first data (a GRU's is `GRUFunction`, 11.8 ms for the whole layer
-    there; the caller then reads the states at each row's length,
-    recomputing an LSTM's cell state), and so does an LSTM's inference
-    without states; other inference runs packed (for an LSTM with states
-    that is cheaper than the unpacked kernel plus the recomputation).
+    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 20.2 / 13.5 ms, fwd 3.1 /
+    3.4 ms). So training runs the unpacked kernel over the zero-padded
+    valid-first data (a GRU's is `GRUFunction`, 11.8 ms for the whole
+    layer there), and so does every LSTM call: with its final states
+    wanted, the padded steps are made to leave the cell state untouched
+    (`saturated_lstm`), so the kernel's own final `c` is exact; `h` is
+    read at each row's length. A GRU's or SimpleRNN's inference runs
+    packed (their packed kernel is the faster one there).
     """
+    del want_states  # every LSTM runs unpacked, with or without states
     if torch.is_grad_enabled():
         return False
-    return type(inner) is not LSTM or want_states
+    return type(inner) is not LSTM
 
 
-def run(inner, x, initial_state, lengths, packed):
+def run(inner, x, initial_state, lengths, packed, want_states=False):
     """Runs `inner` over valid-first `x` with PyTorch's kernel.
 
     Call only when `unavailable_reason(inner, x.device)` is None.
@@ -149,29 +153,32 @@ def run(inner, x, initial_state, lengths, packed):
     kernel's packed form returns the states after each row's last valid step,
     exact, as `nn.LSTM` does on a `PackedSequence`. With `packed=False` the
     kernel runs over every step of `x` (whose padded tail the caller has
-    zeroed) and returns no states.
+    zeroed); with `want_states` it returns the states after each row's last
+    valid step too (`h` read off the outputs, an LSTM's `c` from the
+    kernel, its padded steps made no-ops for `c` by `saturated_lstm`).
 
     Args:
         inner: The inner LSTM, GRU or SimpleRNN layer.
         x: Float tensor `(batch, time, features)`, valid-first: row `i`'s
             `lengths[i]` valid steps first, in the order the direction reads
-            them; no mask. With `packed=True` the padded tail is never read
-            (its gradient is zero).
+            them; no mask. Its padded tail is never read (its gradient is
+            zero).
         initial_state: List of `(batch, units)` tensors: `[h, c]` for an
             LSTM, `[h]` otherwise.
         lengths: Integer tensor `(batch,)` in `[0, time]`.
         packed: Python bool, see above (`packed_preferred`).
+        want_states: Python bool, whether the unpacked form returns the
+            final states (the packed form always does). Defaults to `False`.
 
     Returns:
         `(outputs, states)`: the output sequence `(batch, time, units)` (`h_t`
-        at each valid step; zeros after it when packed, the kernel's values
-        over the padding otherwise) and, when packed, the list of states
-        after each row's last valid step (the initial state for a row with
-        no valid step), else None.
+        at each valid step, zeros after it) and the list of states after
+        each row's last valid step (the initial state for a row with no
+        valid step), or None when neither `packed` nor `want_states`.
     """
-    if packed:
+    if packed or want_states:
         layout = Layout.from_lengths(lengths, x.shape[1])
-        return _direction(inner, x, initial_state, layout, False, "zeros", True, True)
+        return _direction(inner, x, initial_state, layout, False, "zeros", packed, True)
     dtype = _tensor(inner.cell.kernel).dtype
     x = _tensor(x).to(dtype)
     states = [_tensor(state).to(dtype) for state in initial_state]
@@ -232,8 +239,10 @@ def _kernel(inner, hx):
     return _params(cell, _plain_params), fn, hx[0]
 
 
-# cell -> (source tensors, their versions, params): the kernel's params made
-# without gradients, kept while the weights are unchanged.
+# cell -> {make: (source tensors, their versions, params)}: the kernel's
+# params made without gradients by `make`, kept while the weights are
+# unchanged (an LSTM's params have two forms: `_plain_params` and
+# `_saturated_lstm_params`).
 _NO_GRAD_PARAMS = weakref.WeakKeyDictionary()
 
 
@@ -254,7 +263,8 @@ def _params(cell, make):
     if cell.use_bias:
         sources.append(_tensor(cell.bias))
     versions = [t._version for t in sources]
-    cached = _NO_GRAD_PARAMS.get(cell)
+    kept = _NO_GRAD_PARAMS.setdefault(cell, {})
+    cached = kept.get(make)
     if (
         cached is not None
         and all(a is b for a, b in zip(cached[0], sources))
@@ -262,7 +272,7 @@ def _params(cell, make):
     ):
         return cached[2]
     params = make(cell)
-    _NO_GRAD_PARAMS[cell] = (sources, versions, params)
+    kept[make] = (sources, versions, params)
     return params
 
 
@@ -466,8 +476,9 @@ def run_direction(
         packed: Bool: the packed kernel (only the valid steps run, final
             states exact from the kernel; for inference,
             `packed_preferred`) or the unpacked one over valid-first data
-            (final `h` read at each row's length, an LSTM's `c` recomputed
-            by `final_state.lstm_cell_state_at_length`). Defaults to `False`.
+            (final `h` read at each row's length, an LSTM's `c` the
+            kernel's own, its padded steps made no-ops for `c` by
+            `saturated_lstm`). Defaults to `False`.
         want_states: Bool, whether to return the final states (the unpacked
             form skips their work otherwise). Defaults to `True`.
 
@@ -503,10 +514,9 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         return x.new_zeros(shape), states if want_states else []
     x = x.reshape(batch * time, x.shape[2])
     index = layout.read_index(packed, reverse)
-    # Packed, only valid steps are read; valid-first, the padded tail reads
-    # the appended zero row.
-    data = (x if packed else with_zero_row(x)).index_select(0, index)
     if packed:
+        # Only valid steps are read.
+        data = x.index_select(0, index)
         # PyTorch's states are (num_layers * num_directions, rows, units),
         # for the rows that have at least one step.
         active = layout.active
@@ -521,15 +531,25 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
                 state.index_copy(0, active, last[0])
                 for state, last in zip(states, final)
             ]
-    else:
-        data = data.reshape(batch, time, x.shape[1])
-        out = _unpacked(inner, data, states)
-        flat = with_zero_row(out.reshape(batch * time, units))
-        if want_states:
-            states = _states_at_length(inner, data, out, flat, states, layout)
-        out = flat
-    if packed:
         out = with_zero_row(out)
+    else:
+        # Valid-first: the padded tail reads the appended zero row.
+        saturate = want_states and type(inner) is LSTM
+        source = with_padding_row(x) if saturate else with_zero_row(x)
+        data = source.index_select(0, index).reshape(batch, time, -1)
+        if saturate:
+            out, c = saturated_lstm(inner, data, states)
+        else:
+            out = _unpacked(inner, data, states)
+        out = with_zero_row(out.reshape(batch * time, units))
+        if want_states:
+            # h is the output after each row's last valid step (the initial
+            # h for an empty row); an LSTM's c is the kernel's own.
+            has_steps = layout.has_steps[:, None]
+            h = out.index_select(0, layout.last_index(False))
+            states = [torch.where(has_steps, h, states[0])] + (
+                [torch.where(has_steps, c, states[1])] if saturate else []
+            )
     if not want_states:
         states = []
     if place == "last":
@@ -539,22 +559,63 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
     return y.reshape(batch, time, units), states
 
 
-def _states_at_length(inner, data, out, flat, initial_state, layout):
-    """The states after each row's last valid step, from the unpacked
-    kernel's valid-first input `data` and outputs `out` (`(batch, time,
-    ...)`; `flat`, the same outputs `(batch * time, units)` with the zero
-    row appended): `h` read at the row's length (the initial `h` for an
-    empty row); an LSTM's `c` recomputed exactly from the outputs."""
-    h = flat.index_select(0, layout.last_index(False))
-    h = torch.where(layout.has_steps[:, None], h, initial_state[0])
-    if type(inner) is not LSTM:
-        return [h]
-    from maskedrnn.layers.final_state import lstm_cell_state_at_length
+# Added to the forget gate's pre-activation at a padded step by
+# `saturated_lstm` (and subtracted from the input gate's). Any value that
+# dwarfs `|h @ W_hh + b|` there (the input is zero, |h| < 1) saturates both
+# sigmoids in float32 and float64; 1e15 leaves a margin of 1e14 for the
+# weights and keeps finite the gradient PyTorch computes for the padding
+# flag (which is discarded).
+_SATURATION = 1e15
 
-    c = lstm_cell_state_at_length(
-        inner.cell, data, out, initial_state[0], initial_state[1], layout.lengths
-    )
-    return [h, c.to(h.dtype)]
+
+def with_padding_row(t):
+    """`t` of shape `(n, features)` with a zero column appended (the padding
+    flag) and then the row `[0, ..., 0, 1]`: gathering row `n` reads a
+    padded step, zeros with the flag set (`saturated_lstm`)."""
+    padded = torch.nn.functional.pad(t, (0, 1, 0, 1))
+    padded[-1, -1] = 1.0
+    return padded
+
+
+def saturated_lstm(inner, data, states):
+    """An LSTM over valid-first `data` whose padded steps leave `c` as it is,
+    so that the unpacked (fused oneDNN) kernel's final `c` is the cell state
+    after each row's last valid step, exact.
+
+    The cell update is `c_t = f_t * c_{t-1} + i_t * g_t`. `data` has one
+    feature more than the layer reads, the padding flag (1 at a padded
+    step, 0 at a valid one: `with_padding_row`), and `W_ih` one column
+    more: `+_SATURATION` for the forget gate, `-_SATURATION` for the input
+    gate, 0 for the others (`_saturated_lstm_params`). At a valid step the
+    flag adds exactly zero: gates, outputs and states are the LSTM's own.
+    At a padded step the forget gate's sigmoid is exactly 1 and the input
+    gate's exactly 0 (or a denormal, below the rounding of any `c`), so
+    `c_t = c_{t-1}`: the tail carries each row's `c` to the end unchanged,
+    and no gradient flows into the tail's gates (both sigmoid derivatives
+    are 0 there). Only `c` passes through: `h` over the tail is not the
+    row's final `h`, which is read off the outputs. The price is one input
+    feature, a few percent of the kernel's time; the alternatives cost more
+    (PyTorch's packed LSTM, about 2.5x the fused kernel in inference; a
+    second pass over every step to recompute `c`:
+    scripts/torch_lstm_state_paths.py, docs/benchmarks.md).
+
+    Args:
+        inner: The inner LSTM layer.
+        data: Float tensor `(batch, time, features + 1)`, valid-first, its
+            last feature the padding flag, the padded steps' other
+            features zero.
+        states: `[h0, c0]`, `(batch, units)` each.
+
+    Returns:
+        `(outputs, c)`: the output sequence `(batch, time, units)` (over
+        the padded tail: not the LSTM's outputs, never to be read) and the
+        kernel's final `c` `(batch, units)`.
+    """
+    params = _params(inner.cell, _saturated_lstm_params)
+    hx = (states[0][None], states[1][None])
+    # Unpacked form: (input, hx, params, *flags, batch_first).
+    out, _, c = torch.lstm(data, hx, params, *_flags(inner.cell), True)
+    return out, c[0]
 
 
 def _tensor(value):
@@ -588,6 +649,22 @@ def _plain_params(cell):
     if cell.use_bias:
         bias = _tensor(cell.bias)
         params += [bias, torch.zeros_like(bias)]
+    return params
+
+
+def _saturated_lstm_params(cell):
+    """`_plain_params` of an LSTMCell with one column appended to `W_ih`
+    `(4U, D)` -> `(4U, D + 1)`, the weights of `saturated_lstm`'s padding
+    flag: per gate block (PyTorch's and Keras' order i, f, g, o)
+    `-_SATURATION`, `+_SATURATION`, 0, 0. A constant: no gradient reaches it
+    (the other weights get theirs through `_plain_params`)."""
+    params = _plain_params(cell)
+    w_ih = params[0]
+    units = w_ih.shape[0] // 4
+    flag = w_ih.new_zeros((4, units))
+    flag[0] = -_SATURATION  # input gate i: sigmoid -> 0, no new input
+    flag[1] = _SATURATION  # forget gate f: sigmoid -> 1, c kept
+    params[0] = torch.cat([w_ih, flag.reshape(4 * units, 1)], 1)
     return params
 
 

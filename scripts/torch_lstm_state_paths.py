@@ -1,4 +1,4 @@
-"""Three exact ways to get an LSTM's final `[h, c]` on a masked batch with
+"""Four exact ways to get an LSTM's final `[h, c]` on a masked batch with
 PyTorch's CPU kernels, timed against each other (issue 11: "find a cheaper
 exact way ... or show with a profile why none exists").
 
@@ -7,15 +7,23 @@ on the torch backend, CPU, one thread, through
 `maskedrnn._torch_kernels.run_direction` (what the layer calls):
 
 - `packed`: PyTorch's packed kernel (`torch.lstm` with `batch_sizes`): only
-  the valid steps run, final states exact. What the layer runs in inference.
+  the valid steps run, final states exact (`run_direction(packed=True)`).
+  What the layer ran in inference before `saturated`.
 - `recompute`: the unpacked kernel over the zero-padded valid-first data
   (PyTorch's fused oneDNN LSTM), `h` read at each row's length and `c`
   recomputed from the outputs (`final_state.lstm_cell_state_at_length`).
-  What the layer runs in training.
+  What the layer ran in training before `saturated`; what the layers still
+  do where a GPU's cuDNN runs the LSTM. Defined here from the package's
+  parts.
 - `chunked`: the packed layout run as a series of unpacked (oneDNN) kernel
   calls, one per run of steps with the same number of active rows (one per
   distinct length): the finished rows leave between calls, so their states
   are exact. Not in the package; defined here.
+- `saturated`: the unpacked kernel over the valid-first data with one input
+  feature more, a padding flag whose weights pin the forget gate to 1 and
+  the input gate to 0 at padded steps, so the kernel's own final `c` is
+  each row's (`_torch_kernels.saturated_lstm`; `run_direction(packed=False)`).
+  What the layers run now, in inference and training.
 
 Each path is timed on fresh batches (new lengths every call, as in real
 use: oneDNN makes a new primitive for each new shape) and on one batch
@@ -23,7 +31,8 @@ repeated (the benchmark's setting, where oneDNN's primitive cache is always
 hit), inference (`torch.no_grad()`) and training (gradients of the sum of
 outputs and states w.r.t. the inputs and every weight). Medians in ms; the
 largest difference of `chunked` from `packed` (outputs and states) is
-printed too. Output: docs/results/torch-lstm-state-paths.txt.
+printed too, and that of `saturated` and of `recompute`. Output:
+docs/results/torch-lstm-state-paths.txt.
 
     KERAS_BACKEND=torch python scripts/torch_lstm_state_paths.py
 """
@@ -37,6 +46,7 @@ import torch
 
 import maskedrnn
 from maskedrnn import _torch_kernels
+from maskedrnn.layers import final_state
 
 # (batch, time, features = units, shortest length as a fraction of time).
 SIZES = [
@@ -92,6 +102,28 @@ def chunked_kernel():
         _torch_kernels._kernel = kernel
 
 
+def recompute_direction(inner, x, layout):
+    """`run_direction(place="held_zeros", packed=False)` with `c` recomputed
+    from the outputs (`final_state.lstm_cell_state_at_length`) instead of
+    read off the saturated kernel: the way the layers took before."""
+    batch, time, features = x.shape
+    units = inner.units
+    index = layout.read_index(False)
+    data = _torch_kernels.with_zero_row(x.reshape(batch * time, features))
+    data = data.index_select(0, index).reshape(batch, time, features)
+    h0 = c0 = x.new_zeros((batch, units))
+    out = _torch_kernels._unpacked(inner, data, [h0, c0])
+    c = final_state.lstm_cell_state_at_length(
+        inner.cell, data, out, h0, c0, layout.lengths
+    )
+    flat = _torch_kernels.with_zero_row(out.reshape(batch * time, units))
+    has_steps = layout.has_steps[:, None]
+    h = torch.where(has_steps, flat.index_select(0, layout.last_index(False)), h0)
+    c = torch.where(has_steps, c, c0)
+    y = flat.index_select(0, layout.place_index("held_zeros", False))
+    return y.reshape(batch, time, units), [h, c]
+
+
 def batches(rng, batch, time_steps, features, low, count):
     out = []
     for _ in range(count):
@@ -100,6 +132,9 @@ def batches(rng, batch, time_steps, features, low, count):
         x = rng.standard_normal((batch, time_steps, features)).astype("float32")
         out.append((torch.from_numpy(x * mask[..., None]), torch.from_numpy(mask)))
     return out
+
+
+WAYS = ("packed", "chunked", "recompute", "saturated")
 
 
 def main():
@@ -111,7 +146,7 @@ def main():
         "repeated: one batch"
     )
     header = f"{'B':>4} {'T':>4} {'D=U':>4} {'chunks':>6}  {'mode':5} {'batches':8}"
-    print(header + "".join(f"{p:>11}" for p in ("packed", "chunked", "recompute")))
+    print(header + "".join(f"{p:>11}" for p in WAYS))
     for batch, time_steps, units, low in SIZES:
         layer = maskedrnn.MaskedRNN(
             keras.layers.LSTM(units, return_sequences=True, return_state=True)
@@ -123,53 +158,58 @@ def main():
         repeated = fresh[:1] * CALLS
         chunks = []
 
-        def call(x, mask, packed, train):
+        def direction(x, mask, way):
             layout = _torch_kernels.Layout(mask)
-            if packed:
+            if way in ("packed", "chunked"):
                 chunks.append(int(torch.unique(layout.batch_sizes).numel()))
+            if way == "recompute":
+                return recompute_direction(inner, x, layout)
+            with chunked_kernel() if way == "chunked" else contextlib.nullcontext():
+                return _torch_kernels.run_direction(
+                    inner, x, None, layout, place="held_zeros",
+                    packed=way in ("packed", "chunked"),
+                )
+
+        def call(x, mask, way, train):
             if not train:
                 with torch.no_grad():
-                    return _torch_kernels.run_direction(
-                        inner, x, None, layout, place="held_zeros", packed=packed
-                    )
+                    return direction(x, mask, way)
             x = x.detach().requires_grad_(True)
-            y, states = _torch_kernels.run_direction(
-                inner, x, None, layout, place="held_zeros", packed=packed
-            )
+            y, states = direction(x, mask, way)
             loss = y.sum() + sum(s.sum() for s in states)
             return torch.autograd.grad(loss, [x] + weights)
 
-        def timed(data, packed, train, chunk=False):
+        def timed(data, way, train):
             times = []
-            with chunked_kernel() if chunk else contextlib.nullcontext():
-                call(*data[0], packed, train)  # warm-up
-                for x, mask in data:
-                    start = time.perf_counter()
-                    call(x, mask, packed, train)
-                    times.append((time.perf_counter() - start) * 1e3)
+            call(*data[0], way, train)  # warm-up
+            for x, mask in data:
+                start = time.perf_counter()
+                call(x, mask, way, train)
+                times.append((time.perf_counter() - start) * 1e3)
             return float(np.median(times))
 
         x, mask = fresh[0]
+        results = {}
         with torch.no_grad():
-            y_p, s_p = call(x, mask, True, False)
-            with chunked_kernel():
-                y_c, s_c = call(x, mask, True, False)
-        diff = max(float((a - b).abs().max()) for a, b in zip([y_p] + s_p, [y_c] + s_c))
+            for way in WAYS:
+                y, states = call(x, mask, way, False)
+                results[way] = [y] + states
         for train in (False, True):
             for name, data in (("fresh", fresh), ("repeated", repeated)):
                 chunks.clear()
-                row = [
-                    timed(data, True, train),
-                    timed(data, True, train, chunk=True),
-                    timed(data, False, train),
-                ]
+                row = [timed(data, way, train) for way in WAYS]
                 mode = "train" if train else "infer"
                 n = int(np.median(chunks))
                 print(
                     f"{batch:>4} {time_steps:>4} {units:>4} {n:>6}  {mode:5} {name:8}"
                     + "".join(f"{t:>11.2f}" for t in row)
                 )
-        print(f"     chunked - packed, outputs and states: max |diff| {diff:.1e}")
+        for way in WAYS[1:]:
+            diff = max(
+                float((a - b).abs().max())
+                for a, b in zip(results["packed"], results[way])
+            )
+            print(f"     {way} - packed, outputs and states: max |diff| {diff:.1e}")
 
 
 if __name__ == "__main__":

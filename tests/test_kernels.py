@@ -223,20 +223,15 @@ def test_jax_cpu_rule_is_jax_only():
 # ------------------------------------------------------------ torch, packed
 
 
-@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
-@pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
-    """With no gradient recorded, PyTorch's packed kernel is handed exactly
-    sum(lengths) steps (t-major, `batch_sizes[t]` = rows longer than t), and
-    NaN in the padding changes nothing. While gradients are recorded the
-    unpacked kernel runs (its backward is faster) over zeroed padding; for a
-    GRU or SimpleRNN that is `GRUFunction` / `SimpleRNNFunction` (the same
-    equations, a cheaper backward)."""
+def _spy_torch_kernels(monkeypatch):
+    """Records each call of `torch.lstm/gru/rnn_tanh` as `(input shape,
+    batch_sizes or None)` and each `GRUFunction` / `SimpleRNNFunction` as
+    `(name, input shape)`."""
     import torch
 
     from maskedrnn import _torch_kernels
 
-    seen = []
+    seen, functions = [], []
     for name in ("lstm", "gru", "rnn_tanh"):
         original = getattr(torch, name)
 
@@ -246,7 +241,6 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
             return _original(data, second, *args)
 
         monkeypatch.setattr(torch, name, spy)
-    functions = []
     for function in (_torch_kernels.GRUFunction, _torch_kernels.SimpleRNNFunction):
 
         def apply_spy(x, *args, _function=function, _original=function.apply):
@@ -254,12 +248,32 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
             return _original(x, *args)
 
         monkeypatch.setattr(function, "apply", apply_spy)
+    return seen, functions
+
+
+def _nan_padded(x, mask):
+    import torch
+
+    return torch.tensor(np.where(mask[..., None], x, np.nan).astype("float32"))
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
+@pytest.mark.parametrize("kind", ["gru", "simple"])
+def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
+    """A GRU or SimpleRNN with no gradient recorded: PyTorch's packed kernel
+    is handed exactly sum(lengths) steps (t-major, `batch_sizes[t]` = rows
+    longer than t), and NaN in the padding changes nothing. While gradients
+    are recorded `GRUFunction` / `SimpleRNNFunction` run (the same equations
+    as the unpacked kernel, a cheaper backward) over zeroed padding."""
+    import torch
+
+    seen, functions = _spy_torch_kernels(monkeypatch)
     ours, ref = oracle_pair(
         kind, U, D, wrapper="rnn", return_sequences=True, return_state=True
     )
     x = np.random.default_rng(2).standard_normal((B, T, D)).astype("float32")
     mask = left_padded_mask()
-    x_nan = torch.tensor(np.where(mask[..., None], x, np.nan).astype("float32"))
+    x_nan = _nan_padded(x, mask)
     with torch.no_grad():
         out = ours(x_nan, mask=mask)
         assert "packed valid steps" in ours.kernel_info()["layer"]
@@ -272,21 +286,54 @@ def test_torch_inference_runs_only_the_valid_steps(kind, monkeypatch):
     xt = x_nan.clone().requires_grad_(True)
     out = ours(xt, mask=mask)
     assert_close(out, ref(x, mask=mask))
-    if kind == "lstm":
-        assert seen == [((B, T, D), None)] and functions == []
-    else:
-        name = {"gru": "GRUFunction", "simple": "SimpleRNNFunction"}[kind]
-        assert seen == [] and functions == [(name, (B, T, D))]
+    name = {"gru": "GRUFunction", "simple": "SimpleRNNFunction"}[kind]
+    assert seen == [] and functions == [(name, (B, T, D))]
     sum(o.sum() for o in out).backward()
     grad = xt.grad.numpy()
     assert np.all(np.isfinite(grad)) and np.all(grad[~mask] == 0)
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
-def test_torch_lstm_inference_without_states_keeps_the_unpacked_kernel():
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_torch_lstm_states_come_from_its_unpacked_kernel(grad, monkeypatch):
+    """An LSTM whose final states are wanted runs PyTorch's unpacked (fused
+    oneDNN) kernel, in inference and training: one call over all `B x T`
+    steps, with one input feature more (the padding flag,
+    `_torch_kernels.saturated_lstm`), and the final `[h, c]` equal Keras'
+    masked LSTM's, also for the all-padding row (its initial state) and
+    with an initial state. NaN in the padding reaches neither the results
+    nor the gradients, and the padding's gradient is exactly zero."""
+    import torch
+
+    seen, functions = _spy_torch_kernels(monkeypatch)
+    ours, ref = oracle_pair(
+        "lstm", U, D, wrapper="rnn", return_sequences=True, return_state=True
+    )
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((B, T, D)).astype("float32")
+    state = [rng.standard_normal((B, U)).astype("float32") for _ in range(2)]
+    mask = left_padded_mask()
+    assert LENGTHS.min() == 0  # the all-padding row keeps its initial state
+    with torch.set_grad_enabled(grad):
+        info = ours.kernel_info()["layer"]
+        assert "zero-padded valid-first" in info and "final c is exact" in info
+        xt = _nan_padded(x, mask).requires_grad_(grad)
+        out = ours(xt, mask=mask, initial_state=state)
+    want = ref(x, mask=mask, initial_state=state)
+    assert_close(out, want)
+    np.testing.assert_array_equal(to_np(out[2])[LENGTHS == 0], state[1][LENGTHS == 0])
+    assert seen == [((B, T, D + 1), None)] and functions == []
+    if grad:
+        sum(o.sum() for o in out).backward()
+        grad_x = xt.grad.numpy()
+        assert np.all(np.isfinite(grad_x)) and np.all(grad_x[~mask] == 0)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="PyTorch's kernels: torch only")
+def test_torch_lstm_inference_keeps_the_unpacked_kernel():
     """An unpacked LSTM runs PyTorch's fused oneDNN kernel, faster than the
-    packed one; with no states to take from the packed kernel it stays
-    unpacked in inference too (GRU and SimpleRNN go packed)."""
+    packed one: it stays unpacked in inference too, with or without
+    states (GRU and SimpleRNN go packed)."""
     import torch
 
     for make, packed in (
@@ -294,9 +341,10 @@ def test_torch_lstm_inference_without_states_keeps_the_unpacked_kernel():
         (lambda **kw: keras.layers.GRU(U, **kw), True),
         (lambda **kw: keras.layers.SimpleRNN(U, **kw), True),
     ):
-        layer = MaskedRNN(make(return_sequences=True))
-        layer.build((None, None, D))
-        with torch.no_grad():
-            sentence = layer.kernel_info()["layer"]
-        assert ("packed valid steps" in sentence) == packed, sentence
-        assert ("zero-padded valid-first" in sentence) == (not packed), sentence
+        for return_state in (False, True):
+            layer = MaskedRNN(make(return_sequences=True, return_state=return_state))
+            layer.build((None, None, D))
+            with torch.no_grad():
+                sentence = layer.kernel_info()["layer"]
+            assert ("packed valid steps" in sentence) == packed, sentence
+            assert ("zero-padded valid-first" in sentence) == (not packed), sentence

@@ -160,7 +160,51 @@ def test_float64_layers_use_the_native_kernel(native_calls, grad_mode):
     assert len(native_calls) == (2 if native_here(ours) else 0)
 
 
-@pytest.mark.parametrize("kind", ["gru", "simple_tanh"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("scale", [1.0, 100.0])
+def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
+    """An LSTM's final `c` is the unpacked kernel's own, its padded steps
+    made no-ops for `c` (`_torch_kernels.saturated_lstm`: forget gate
+    exactly 1, input gate 0). Exact also where the weights are large (gate
+    pre-activations in the hundreds: the saturation must dwarf them) and in
+    float64; every mask pattern, an initial state, which the all-padding
+    row keeps bit for bit. Oracles: Keras' masked Bidirectional (to float32
+    precision: Keras' torch backend runs float64 matmuls in float32) and,
+    to float64 precision, PyTorch's packed LSTM kernel, which runs only the
+    valid steps (`run_direction(packed=True)`), both directions."""
+    ours, ref = pair(NATIVE["lstm"], dtype=dtype)
+    weights = [w * scale for w in ref.get_weights()]
+    ours.set_weights(weights)
+    ref.set_weights(weights)
+    rng = np.random.default_rng(5)
+    states = [rng.standard_normal((B, U)).astype(dtype) for _ in range(4)]
+    x = inputs(5).astype(dtype)
+    got = ours(x, mask=MASK, initial_state=states)
+    want = ref(x, mask=MASK, initial_state=states)
+    assert_close(got, want, atol=1e-5 * scale, rtol=1e-5)
+    empty = ~MASK.any(1)
+    for got_state, want_state in zip(got[1:], want[1:]):  # h, c fwd; h, c bwd
+        # Its initial state, as Keras' masked loop carries it: bit for bit.
+        np.testing.assert_array_equal(to_np(got_state)[empty], to_np(want_state)[empty])
+    layout = _torch_kernels.Layout(torch.tensor(MASK))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for inner, reverse, initial in (
+        (ours.forward_layer, False, states[:2]),
+        (ours.backward_layer, True, states[2:]),
+    ):
+        initial = [torch.tensor(s, device=DEVICE) for s in initial]
+        xt = torch.tensor(x, device=DEVICE)
+        with torch.no_grad():
+            packed = _torch_kernels.run_direction(
+                inner, xt, initial, layout, reverse, packed=True
+            )
+        saturated = _torch_kernels.run_direction(
+            inner, xt, initial, layout, reverse, packed=False
+        )
+        assert_close(saturated, packed, atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru", "simple_tanh"])
 def test_input_dropout_uses_one_mask_for_all_steps(kind, native_calls):
     """Input dropout in training is applied before PyTorch's kernel, one mask
     per row for every step (what Keras' fused GRU path and SimpleRNN's cell

@@ -247,7 +247,7 @@ def run(inner, x, steps, initial_state=None, training=None, want_states=True):
             ops.zeros((batch, size), dtype=inner.compute_dtype)
             for size in state_sizes(inner)
         ]
-    y, states = runner(inner, x, initial_state, training, steps)
+    y, states = runner(inner, x, initial_state, training, steps, want_states)
     if not want_states:
         return y, []
     if states is None:

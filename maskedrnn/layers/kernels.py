@@ -7,14 +7,17 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
 - `run_torch_packed` / `run_torch_native`: PyTorch's own `torch.lstm`/`gru`/
   `rnn_tanh`/`rnn_relu` (torch backend on CPU, where Keras would step through
   time in Python; `maskedrnn._torch_kernels`, the one torch-specific module):
-  on the packed valid steps in inference (padded steps skipped, final states
-  exact), else over the zero-padded valid-first data (faster for training
-  and for an LSTM without states, `_torch_kernels.packed_preferred`; a GRU
-  or SimpleRNN with gradients recorded runs PyTorch's equations in
+  a GRU's or SimpleRNN's inference on the packed valid steps (padded steps
+  skipped, final states exact), everything else over the zero-padded
+  valid-first data (faster for training and for every LSTM, whose unpacked
+  kernel is PyTorch's fused oneDNN one, `_torch_kernels.packed_preferred`;
+  an LSTM's exact final `c` then comes from the kernel itself, its padded
+  steps made no-ops for `c`, `_torch_kernels.saturated_lstm`; a GRU or
+  SimpleRNN with gradients recorded runs PyTorch's equations in
   `_torch_kernels.GRUFunction` / `SimpleRNNFunction`, whose backward pass
-  is cheaper). A
-  masked batch runs them from the caller's order in one torch call
-  (`direction.run_in_torch`); these runners serve valid-first callers;
+  is cheaper). A masked batch runs them from the caller's order in one
+  torch call (`direction.run_in_torch`); these runners serve valid-first
+  callers;
 - `run_keras_unmasked`: the Keras inner layer called with no mask, so its
   backend may pick a fused kernel (cuDNN LSTM/GRU on GPU; on a JAX GPU a
   GRU runs Keras' `lax.scan` GRU kernel, JAX having no cuDNN GRU). No
@@ -31,11 +34,12 @@ was chosen (what `kernel_info()` reports). The runners, fastest first:
   runs `direction.run_masked_loop` on the caller's order instead
   (`direction.loops_over_mask`); this runner serves `lengths=`.
 
-Every runner takes `(inner, x, initial_state, training, steps)`, where `x` is
-valid-first and `steps` the batch's `direction.Steps` (`steps.valid` is its
-right-padded `(batch, time)` mask, `steps.lengths` the lengths), and returns
-`(outputs, states)`: `states` is None when the caller must compute them at
-each row's length (`final_state.states_at_length`).
+Every runner takes `(inner, x, initial_state, training, steps, want_states)`,
+where `x` is valid-first, `steps` the batch's `direction.Steps`
+(`steps.valid` is its right-padded `(batch, time)` mask, `steps.lengths` the
+lengths) and `want_states` whether the caller needs the final states, and
+returns `(outputs, states)`: `states` is None when the caller must compute
+them at each row's length (`final_state.states_at_length`).
 """
 
 import keras
@@ -96,24 +100,28 @@ def _without_keras_mask(x):
     return x
 
 
-def run_torch_native(inner, x, initial_state, training, steps):
-    # Unpacked, over the zero-padded valid-first data (states read after).
-    return torch_kernels().run(inner, x, initial_state, steps.lengths, False)
+def run_torch_native(inner, x, initial_state, training, steps, want_states):
+    # Unpacked, over the zero-padded valid-first data; with `want_states`
+    # the states at each row's length (an LSTM's c from the kernel itself,
+    # `_torch_kernels.saturated_lstm`).
+    return torch_kernels().run(
+        inner, x, initial_state, steps.lengths, False, want_states
+    )
 
 
-def run_torch_packed(inner, x, initial_state, training, steps):
+def run_torch_packed(inner, x, initial_state, training, steps, want_states):
     # Packed: only the valid steps run, and the final states come out exact.
     return torch_kernels().run(inner, x, initial_state, steps.lengths, True)
 
 
-def run_keras_unmasked(inner, x, initial_state, training, steps):
+def run_keras_unmasked(inner, x, initial_state, training, steps, want_states):
     y, *_ = inner(
         _without_keras_mask(x), initial_state=initial_state, training=training
     )
     return y, None
 
 
-def run_keras_masked(inner, x, initial_state, training, steps):
+def run_keras_masked(inner, x, initial_state, training, steps, want_states):
     y, *states = inner(
         x, mask=steps.valid, initial_state=initial_state, training=training
     )
@@ -220,11 +228,17 @@ def choose(inner, where, want_states=False):
                 "on the packed valid steps (no gradient recorded): padded "
                 "steps are skipped and the final states are exact"
             )
-        return run_torch_native, text + (
+        text += (
             "unmasked over the zero-padded valid-first data (faster here "
             "than the packed kernel: gradients are recorded, or an LSTM "
-            "without states runs PyTorch's fused oneDNN kernel)"
+            "runs PyTorch's fused oneDNN kernel)"
         )
+        if type(inner) is keras.layers.LSTM and want_states:
+            text += (
+                "; its padded steps leave the cell state untouched (forget "
+                "gate 1, input gate 0), so the kernel's final c is exact"
+            )
+        return run_torch_native, text
     if getattr(inner, "use_cudnn", "auto") is False:
         text = (
             f"Keras {name}, unmasked, in Keras' generic step loop (the wrapped "

@@ -46,8 +46,9 @@ class MaskedBidirectional(direction.MaskedWrapper):
     exact way, the states come from the kernel itself: with
     `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU (no
     fused LSTM kernel there) runs Keras' masked loop, and on the torch
-    backend on CPU PyTorch's kernel runs on the packed valid steps when no
-    gradient is recorded. Any other RNN layer (`keras.layers.RNN(cell)`,
+    backend on CPU PyTorch's fused kernel runs with the padded steps made
+    no-ops for the cell state (forget gate 1, input gate 0), so its own
+    final `c` is exact. Any other RNN layer (`keras.layers.RNN(cell)`,
     custom cells, `recurrent_dropout > 0`) has no fused kernel to lose: it
     runs Keras' masked loop as well, so its results are exact too; so does
     every RNN on the JAX backend without a GPU (JAX has no fused RNN kernel

@@ -39,8 +39,9 @@ class MaskedRNN(direction.MaskedWrapper):
     from the outputs, except where the kernel gives it exactly for less:
     with `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU
     (Keras has no fused LSTM kernel there) runs Keras' masked loop, and on
-    torch on CPU PyTorch's kernel runs on the packed valid steps when no
-    gradient is recorded (inference). `keras.layers.RNN(cell)`, custom
+    torch on CPU PyTorch's fused kernel runs with the padded steps made
+    no-ops for the cell state (forget gate 1, input gate 0), so its own
+    final `c` is exact. `keras.layers.RNN(cell)`, custom
     cells and `recurrent_dropout > 0` have no fused kernel to keep: they
     run Keras' masked loop too, exact as well, and so does every layer on
     the JAX backend without a GPU (JAX has no fused RNN kernel there; not
