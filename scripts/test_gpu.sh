@@ -13,8 +13,9 @@
 # then on the GPU machine, with .whl carried, one part per command (each fits in 10 min):
 #   scripts/test_gpu.sh --part tests $OUT
 #   scripts/test_gpu.sh --part bench $OUT    # LSTM, GRU, pre-padded, +- --return-state
-#   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked
-# and copy $OUT's *.json and *.log into docs/results/.
+#   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked,
+#                                            # (torch) scripts/cuda_saturated_lstm.py
+# and copy $OUT's *.json, *.txt and *.log into docs/results/.
 #
 # --dry-run: installs nothing and runs nothing: collects the selected tests on each
 # backend (fails if one selects nothing or fails to collect) and checks that every
@@ -150,6 +151,21 @@ from maskedrnn.bench.config import build_parser
 for line in sys.argv[1:]:
     build_parser().parse_args(shlex.split(line))
 print(f'{len(sys.argv) - 1} bench commands parse')" "${commands[@]}" || status=1
+  fi
+fi
+# Would the saturated padding (an LSTM's exact final c from the fused kernel
+# itself, as on a torch CPU) pay on cuDNN too? Exactness with TF32 off and on,
+# and its time against the layers' current GPU path (torch only).
+if { [ "$PART" = extra ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" torch "* ]]; then
+  if [ "$DRY" = 1 ]; then
+    echo "KERAS_BACKEND=torch $PY scripts/cuda_saturated_lstm.py"
+  else
+    echo "=== probe cuda-saturated-lstm ===" | tee -a "$LOG"
+    KERAS_BACKEND=torch "$PY" scripts/cuda_saturated_lstm.py \
+      > "$OUT_DIR/cuda-saturated-lstm.txt" 2>&1
+    rc=$?
+    cat "$OUT_DIR/cuda-saturated-lstm.txt" >> "$LOG"
+    [ "$rc" = 0 ] || { echo "probe cuda-saturated-lstm failed (exit $rc)" | tee -a "$LOG"; status=1; }
   fi
 fi
 if [ "$DRY" = 1 ]; then

@@ -69,3 +69,27 @@ def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
     result = dry_run(tmp_path, "--part", "tests", GPU_TESTS=nothing)
     assert result.returncode == 1
     assert f"KERAS_BACKEND={BACKEND}: 0 tests selected" in result.stdout
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the probe is torch-only")
+def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
+    """`scripts/cuda_saturated_lstm.py`, which `--part extra` runs on the GPU,
+    works (here on the CPU, tiny sizes): the saturated call and the layer
+    match PyTorch's packed LSTM, and every case is timed. The dry run
+    names it."""
+    result = subprocess.run(
+        [sys.executable, "scripts/cuda_saturated_lstm.py", "--quick"]
+        + ["--device", "cpu"],
+        cwd=ROOT,
+        env=dict(os.environ, KERAS_BACKEND="torch"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    diffs = re.findall(r"saturated (\S+), maskedrnn (\S+)", result.stdout)
+    assert len(diffs) == 2, result.stdout  # TF32 off and on
+    assert all(float(d) < 1e-5 for pair in diffs for d in pair), result.stdout
+    for case in ("keras_unmasked", "maskedrnn", "saturated", "torch_packed"):
+        assert len(re.findall(rf"^  {case} ", result.stdout, re.M)) == 2, result.stdout
+    assert "scripts/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
