@@ -594,10 +594,12 @@ def saturated_lstm(inner, data, states):
     and no gradient flows into the tail's gates (both sigmoid derivatives
     are 0 there). Only `c` passes through: `h` over the tail is not the
     row's final `h`, which is read off the outputs. The price is one input
-    feature, a few percent of the kernel's time; the alternatives cost more
-    (PyTorch's packed LSTM, about 2.5x the fused kernel in inference; a
-    second pass over every step to recompute `c`:
-    scripts/torch_lstm_state_paths.py, docs/benchmarks.md).
+    feature (at the CPU benchmark's size the layer's forward pass takes 2.6
+    ms with states against 2.4 without, docs/results/cpu-torch-rnn-lstm*.
+    json); the alternatives cost more (PyTorch's packed LSTM, 1.5-2.9x
+    this in inference; a second pass over every step to recompute `c`,
+    1.6-2.7x this in training: scripts/torch_lstm_state_paths.py,
+    docs/results/torch-lstm-state-paths.txt).
 
     Args:
         inner: The inner LSTM layer.
