@@ -195,8 +195,10 @@ def run_in_torch(
     `"held_zeros"` as `held` (without / with `zero_output_for_mask`),
     `"last"` as `last_output`; and the states after each row's last valid
     step (the initial state for a row with none; `[]` unless
-    `want_states`). The kernel is the one `kernels.choose` picks: packed in
-    inference, unpacked over valid-first data while gradients are recorded.
+    `want_states`). The kernel is the one `kernels.choose` picks: packed
+    for a GRU's or SimpleRNN's inference, unpacked over valid-first data
+    otherwise (an LSTM's final `c` from the kernel itself,
+    `_torch_kernels.saturated_lstm`).
     See `maskedrnn._torch_kernels.run_direction`.
     """
     torch_kernels = kernels.torch_kernels()
