@@ -114,12 +114,11 @@ def _device_type(where):
     return _tensor(where).device.type  # numpy or lists: where Keras puts them
 
 
-def packed_preferred(inner, want_states):
+def packed_preferred(inner):
     """Whether `run` should use the packed kernel for `inner` now: when no
     gradient is being recorded (inference) and `inner` is a GRU or
-    SimpleRNN. `want_states` no longer decides (an LSTM's exact final
-    states come from its unpacked kernel too, `saturated_lstm`); it is
-    kept so that callers state what they need.
+    SimpleRNN, with or without final states (an LSTM's exact final states
+    come from its unpacked kernel, `saturated_lstm`).
 
     PyTorch's packed CPU kernels skip the padded steps and return exact
     final states, but their backward pass is slower than the unpacked
@@ -136,7 +135,6 @@ def packed_preferred(inner, want_states):
     read at each row's length. A GRU's or SimpleRNN's inference runs
     packed (their packed kernel is the faster one there).
     """
-    del want_states  # every LSTM runs unpacked, with or without states
     if torch.is_grad_enabled():
         return False
     return type(inner) is not LSTM

@@ -203,7 +203,7 @@ def run_in_torch(
     """
     torch_kernels = kernels.torch_kernels()
     # As `kernels.choose` tells its two torch runners apart.
-    packed = torch_kernels.packed_preferred(inner, want_states)
+    packed = torch_kernels.packed_preferred(inner)
     return torch_kernels.run_direction(
         inner, x, initial_state, layout, reverse, place, packed, want_states
     )

@@ -223,7 +223,7 @@ def choose(inner, where, want_states=False):
             f"{kernel} (torch backend on CPU, where Keras would step through "
             "time in Python), "
         )
-        if torch_kernels().packed_preferred(inner, want_states):
+        if torch_kernels().packed_preferred(inner):
             return run_torch_packed, text + (
                 "on the packed valid steps (no gradient recorded): padded "
                 "steps are skipped and the final states are exact"
