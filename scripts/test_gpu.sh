@@ -14,7 +14,8 @@
 #   scripts/test_gpu.sh --part tests $OUT
 #   scripts/test_gpu.sh --part bench $OUT    # LSTM, GRU, pre-padded, +- --return-state
 #   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked,
-#                                            # (torch) scripts/cuda_saturated_lstm.py
+#                                            # (torch) scripts/cuda_saturated_lstm.py,
+#                                            # (JAX) scripts/jax_cudnn_seq_lengths.py
 # and copy $OUT's *.json, *.txt and *.log into docs/results/.
 #
 # --dry-run: installs nothing and runs nothing: collects the selected tests on each
@@ -166,6 +167,21 @@ if { [ "$PART" = extra ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" torch
     rc=$?
     cat "$OUT_DIR/cuda-saturated-lstm.txt" >> "$LOG"
     [ "$rc" = 0 ] || { echo "probe cuda-saturated-lstm failed (exit $rc)" | tee -a "$LOG"; status=1; }
+  fi
+fi
+# Would one cuDNN call with per-row seq_lengths (jax.experimental.rnn.lstm, the
+# call behind Keras' fused Bidirectional) serve the masked layers on a JAX GPU?
+# Exactness against Keras' masked layer and time against the current path.
+if { [ "$PART" = extra ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" jax "* ]]; then
+  if [ "$DRY" = 1 ]; then
+    echo "KERAS_BACKEND=jax $PY scripts/jax_cudnn_seq_lengths.py"
+  else
+    echo "=== probe jax-cudnn-seq-lengths ===" | tee -a "$LOG"
+    KERAS_BACKEND=jax "$PY" scripts/jax_cudnn_seq_lengths.py \
+      > "$OUT_DIR/jax-cudnn-seq-lengths.txt" 2>&1
+    rc=$?
+    cat "$OUT_DIR/jax-cudnn-seq-lengths.txt" >> "$LOG"
+    [ "$rc" = 0 ] || { echo "probe jax-cudnn-seq-lengths failed (exit $rc)" | tee -a "$LOG"; status=1; }
   fi
 fi
 if [ "$DRY" = 1 ]; then

@@ -93,3 +93,35 @@ def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     for case in ("keras_unmasked", "maskedrnn", "saturated", "torch_packed"):
         assert len(re.findall(rf"^  {case} ", result.stdout, re.M)) == 2, result.stdout
     assert "scripts/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the probe is JAX-only")
+def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
+    """`scripts/jax_cudnn_seq_lengths.py`, which `--part extra` runs on the
+    GPU, works here with `--ref` (JAX's reference for the cuDNN call, tiny
+    sizes): one call with per-row `seq_lengths` matches Keras' masked layer,
+    bidirectional and one direction, and every case is timed. The dry run
+    names it."""
+    result = subprocess.run(
+        [sys.executable, "scripts/jax_cudnn_seq_lengths.py", "--quick", "--ref"],
+        cwd=ROOT,
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = re.findall(
+        r"^  (\w+) +[\d.]+ +[\d.]+ +(\d\.\de[-+]\d+)", result.stdout, re.M
+    )
+    diffs = {}
+    for case, diff in found:
+        diffs.setdefault(case, []).append(float(diff))
+    assert sorted(diffs) == sorted(
+        ["keras_unmasked", "maskedrnn", "cudnn_seq_lengths", "keras_masked"]
+    ), result.stdout
+    assert all(len(d) == 2 for d in diffs.values()), result.stdout  # bi, one
+    for case in ("maskedrnn", "cudnn_seq_lengths", "keras_masked"):
+        assert max(diffs[case]) < 1e-5, result.stdout
+    assert min(diffs["keras_unmasked"]) > 1e-2, result.stdout  # padding read
+    assert "scripts/jax_cudnn_seq_lengths.py" in dry_run(tmp_path).stdout
