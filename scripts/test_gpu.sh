@@ -3,7 +3,7 @@
 # backends, then the benchmark (LSTM and GRU, pre-padded, with and without
 # --return-state, with --profile), writing JSON files and logs into OUT_DIR.
 #
-#   scripts/test_gpu.sh [--dry-run] [--part tests|bench|extra|all] [OUT_DIR]  (OUT_DIR: $OUT)
+#   scripts/test_gpu.sh [--dry-run] [--part tests|bench|extra|probes|all] [OUT_DIR]  (OUT_DIR: $OUT)
 #   scripts/test_gpu.sh --fetch-wheels    # here, with a package index (see below)
 #
 # The GPU machine (../shared/gpu/README.md) has Python 3.12 with CUDA builds of
@@ -13,8 +13,8 @@
 # then on the GPU machine, with .whl carried, one part per command (each fits in 10 min):
 #   scripts/test_gpu.sh --part tests $OUT
 #   scripts/test_gpu.sh --part bench $OUT    # LSTM, GRU, pre-padded, +- --return-state
-#   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked,
-#                                            # (torch) scripts/cuda_saturated_lstm.py,
+#   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked
+#   scripts/test_gpu.sh --part probes $OUT   # (torch) scripts/cuda_saturated_lstm.py,
 #                                            # (JAX) scripts/jax_cudnn_seq_lengths.py
 # and copy $OUT's *.json, *.txt and *.log into docs/results/.
 #
@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-case "$PART" in tests|bench|extra|all) ;; *) echo "--part must be tests, bench, extra or all; got $PART" >&2; exit 2 ;; esac
+case "$PART" in tests|bench|extra|probes|all) ;; *) echo "--part must be tests, bench, extra, probes or all; got $PART" >&2; exit 2 ;; esac
 if [ -z "$OUT_DIR" ]; then
   echo "give an output folder (argument) or set OUT" >&2
   exit 2
@@ -157,7 +157,7 @@ fi
 # Would the saturated padding (an LSTM's exact final c from the fused kernel
 # itself, as on a torch CPU) pay on cuDNN too? Exactness with TF32 off and on,
 # and its time against the layers' current GPU path (torch only).
-if { [ "$PART" = extra ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" torch "* ]]; then
+if { [ "$PART" = probes ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" torch "* ]]; then
   if [ "$DRY" = 1 ]; then
     echo "KERAS_BACKEND=torch $PY scripts/cuda_saturated_lstm.py"
   else
@@ -172,7 +172,7 @@ fi
 # Would one cuDNN call with per-row seq_lengths (jax.experimental.rnn.lstm, the
 # call behind Keras' fused Bidirectional) serve the masked layers on a JAX GPU?
 # Exactness against Keras' masked layer and time against the current path.
-if { [ "$PART" = extra ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" jax "* ]]; then
+if { [ "$PART" = probes ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" jax "* ]]; then
   if [ "$DRY" = 1 ]; then
     echo "KERAS_BACKEND=jax $PY scripts/jax_cudnn_seq_lengths.py"
   else

@@ -73,7 +73,7 @@ def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the probe is torch-only")
 def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
-    """`scripts/cuda_saturated_lstm.py`, which `--part extra` runs on the GPU,
+    """`scripts/cuda_saturated_lstm.py`, which `--part probes` runs on the GPU,
     works (here on the CPU, tiny sizes): the saturated call and the layer
     match PyTorch's packed LSTM, and every case is timed. The dry run
     names it."""
@@ -97,7 +97,7 @@ def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the probe is JAX-only")
 def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
-    """`scripts/jax_cudnn_seq_lengths.py`, which `--part extra` runs on the
+    """`scripts/jax_cudnn_seq_lengths.py`, which `--part probes` runs on the
     GPU, works here with `--ref` (JAX's reference for the cuDNN call, tiny
     sizes): one call with per-row `seq_lengths` matches Keras' masked layer,
     bidirectional and one direction, and every case is timed. The dry run
