@@ -154,35 +154,33 @@ for line in sys.argv[1:]:
 print(f'{len(sys.argv) - 1} bench commands parse')" "${commands[@]}" || status=1
   fi
 fi
-# Would the saturated padding (an LSTM's exact final c from the fused kernel
-# itself, as on a torch CPU) pay on cuDNN too? Exactness with TF32 off and on,
-# and its time against the layers' current GPU path (torch only).
-if { [ "$PART" = probes ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" torch "* ]]; then
+# The probes: scripts that measure a candidate GPU path before the layers take
+# it. `probe BACKEND NAME` runs scripts/<NAME with _>.py on that backend (when it
+# is in BACKENDS) into $OUT_DIR/NAME.txt.
+probe() {
+  local backend=$1 name=$2 script
+  script=scripts/${2//-/_}.py
+  [[ " $BACKENDS " == *" $backend "* ]] || return 0
   if [ "$DRY" = 1 ]; then
-    echo "KERAS_BACKEND=torch $PY scripts/cuda_saturated_lstm.py"
-  else
-    echo "=== probe cuda-saturated-lstm ===" | tee -a "$LOG"
-    KERAS_BACKEND=torch "$PY" scripts/cuda_saturated_lstm.py \
-      > "$OUT_DIR/cuda-saturated-lstm.txt" 2>&1
-    rc=$?
-    cat "$OUT_DIR/cuda-saturated-lstm.txt" >> "$LOG"
-    [ "$rc" = 0 ] || { echo "probe cuda-saturated-lstm failed (exit $rc)" | tee -a "$LOG"; status=1; }
+    echo "KERAS_BACKEND=$backend $PY $script"
+    return 0
   fi
-fi
-# Would one cuDNN call with per-row seq_lengths (jax.experimental.rnn.lstm, the
-# call behind Keras' fused Bidirectional) serve the masked layers on a JAX GPU?
-# Exactness against Keras' masked layer and time against the current path.
-if { [ "$PART" = probes ] || [ "$PART" = all ]; } && [[ " $BACKENDS " == *" jax "* ]]; then
-  if [ "$DRY" = 1 ]; then
-    echo "KERAS_BACKEND=jax $PY scripts/jax_cudnn_seq_lengths.py"
-  else
-    echo "=== probe jax-cudnn-seq-lengths ===" | tee -a "$LOG"
-    KERAS_BACKEND=jax "$PY" scripts/jax_cudnn_seq_lengths.py \
-      > "$OUT_DIR/jax-cudnn-seq-lengths.txt" 2>&1
-    rc=$?
-    cat "$OUT_DIR/jax-cudnn-seq-lengths.txt" >> "$LOG"
-    [ "$rc" = 0 ] || { echo "probe jax-cudnn-seq-lengths failed (exit $rc)" | tee -a "$LOG"; status=1; }
-  fi
+  echo "=== probe $name ===" | tee -a "$LOG"
+  KERAS_BACKEND=$backend "$PY" "$script" > "$OUT_DIR/$name.txt" 2>&1
+  local rc=$?
+  cat "$OUT_DIR/$name.txt" >> "$LOG"
+  [ "$rc" = 0 ] || { echo "probe $name failed (exit $rc)" | tee -a "$LOG"; status=1; }
+}
+if [ "$PART" = probes ] || [ "$PART" = all ]; then
+  # Would the saturated padding (an LSTM's exact final c from the fused kernel
+  # itself, as on a torch CPU) pay on cuDNN too? Exactness with TF32 off and
+  # on, and its time against the layers' current GPU path.
+  probe torch cuda-saturated-lstm
+  # Would one cuDNN call with per-row seq_lengths (jax.experimental.rnn.lstm,
+  # the call behind Keras' fused Bidirectional) serve the masked layers on a
+  # JAX GPU? Exactness against Keras' masked layer, time against the current
+  # path.
+  probe jax jax-cudnn-seq-lengths
 fi
 if [ "$DRY" = 1 ]; then
   echo "test_gpu.sh --dry-run: exit $status"

@@ -71,22 +71,29 @@ def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
     assert f"KERAS_BACKEND={BACKEND}: 0 tests selected" in result.stdout
 
 
+
+def run_probe(script, *options):
+    """Runs `scripts/<script>` on this backend; returns the finished process
+    (asserting it succeeded)."""
+    result = subprocess.run(
+        [sys.executable, f"scripts/{script}", *options],
+        cwd=ROOT,
+        env=dict(os.environ, KERAS_BACKEND=BACKEND),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="the probe is torch-only")
 def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     """`scripts/cuda_saturated_lstm.py`, which `--part probes` runs on the GPU,
     works (here on the CPU, tiny sizes): the saturated call and the layer
     match PyTorch's packed LSTM, and every case is timed. The dry run
     names it."""
-    result = subprocess.run(
-        [sys.executable, "scripts/cuda_saturated_lstm.py", "--quick"]
-        + ["--device", "cpu"],
-        cwd=ROOT,
-        env=dict(os.environ, KERAS_BACKEND="torch"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_probe("cuda_saturated_lstm.py", "--quick", "--device", "cpu")
     diffs = re.findall(r"saturated (\S+), maskedrnn (\S+)", result.stdout)
     assert len(diffs) == 2, result.stdout  # TF32 off and on
     assert all(float(d) < 1e-5 for pair in diffs for d in pair), result.stdout
@@ -102,15 +109,7 @@ def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     sizes): one call with per-row `seq_lengths` matches Keras' masked layer,
     bidirectional and one direction, and every case is timed. The dry run
     names it."""
-    result = subprocess.run(
-        [sys.executable, "scripts/jax_cudnn_seq_lengths.py", "--quick", "--ref"],
-        cwd=ROOT,
-        env=dict(os.environ, KERAS_BACKEND="jax"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = run_probe("jax_cudnn_seq_lengths.py", "--quick", "--ref")
     found = re.findall(
         r"^  (\w+) +[\d.]+ +[\d.]+ +(\d\.\de[-+]\d+)", result.stdout, re.M
     )
