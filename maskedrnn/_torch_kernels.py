@@ -159,8 +159,9 @@ def run(inner, x, initial_state, lengths, packed, want_states=False):
         inner: The inner LSTM, GRU or SimpleRNN layer.
         x: Float tensor `(batch, time, features)`, valid-first: row `i`'s
             `lengths[i]` valid steps first, in the order the direction reads
-            them; no mask. Its padded tail is never read (its gradient is
-            zero).
+            them; no mask. With `packed` or `want_states` its padded tail
+            is never read (its gradient is zero); otherwise the kernel reads
+            it, so the caller zeroes it.
         initial_state: List of `(batch, units)` tensors: `[h, c]` for an
             LSTM, `[h]` otherwise.
         lengths: Integer tensor `(batch,)` in `[0, time]`.
