@@ -561,13 +561,10 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
 # Added to the forget gate's pre-activation at a padded step by
 # `saturated_lstm` (and subtracted from the input gate's). Any value that
 # dwarfs `|h @ W_hh + b|` there (the input is zero, |h| < 1) saturates both
-# sigmoids; 1e15 leaves a margin of 1e14 for the weights in float32,
-# float64 and bfloat16 and keeps finite the gradient PyTorch computes for
-# the padding flag (which is discarded). float16 (the weights' values under
-# a mixed-precision outer layer's autocast) ends at 65504: 1e4 there, still
-# exactly 0 at a valid step (0 * 1e4) and a margin of 9e3 at a padded one.
+# sigmoids in float32 and float64; 1e15 leaves a margin of 1e14 for the
+# weights and keeps finite the gradient PyTorch computes for the padding
+# flag (which is discarded).
 _SATURATION = 1e15
-_SATURATION_FLOAT16 = 1e4
 
 
 def with_padding_row(t):
@@ -622,102 +619,6 @@ def saturated_lstm(inner, data, states):
     return out, c[0]
 
 
-def fuses_directions(forward, backward, initial_state):
-    """Whether `run_bidirectional` may run the two directions of a
-    `MaskedBidirectional` in one call: both are LSTMs of the same units,
-    dtype and `use_bias` (one kernel call takes one layout) that run on
-    this module's kernels (the caller checks `unavailable_reason`), and no
-    initial state is given (the backward direction reads the padded tail
-    first, which leaves its state as it is only from a zero state: `c` is
-    kept, and `h = o * tanh(c)` stays 0 only while `c` is 0)."""
-    return (
-        initial_state is None
-        and type(forward) is LSTM
-        and type(backward) is LSTM
-        and forward.units == backward.units
-        and forward.cell.use_bias == backward.cell.use_bias
-        and _tensor(forward.cell.kernel).dtype == _tensor(backward.cell.kernel).dtype
-    )
-
-
-def run_bidirectional(forward, backward, x, layout, place="zeros", want_states=True):
-    """Both directions of an LSTM `MaskedBidirectional` in one bidirectional
-    call of PyTorch's fused (oneDNN) LSTM kernel, from and back to the
-    caller's order.
-
-    The unpacked bidirectional kernel reads the backward direction from the
-    last step of the time axis, so on valid-first data it reads each row's
-    padded tail first: `0 0 3 2 1`. With the padding flag of
-    `saturated_lstm` a padded step keeps `c` (forget gate 1, input gate 0),
-    and from the zero initial state `c` stays 0, so `h = o * tanh(0)`
-    stays 0 whatever the output gate: the backward direction leaves the
-    tail with the state it entered it and reads `3 2 1`, each row by its
-    own length, with no reversal of the data; the forward direction carries
-    its `c` through the tail as in `saturated_lstm`. So one kernel call gives both
-    directions' outputs at the valid steps (the backward ones in the
-    caller's order already), the backward final states (after the row's
-    first valid step, the last one it reads) and the forward `c`; the
-    forward `h` is read off the outputs. Exact, gradients included (every
-    gate's derivative is 0 at padded steps); one gather of the input and one
-    of the outputs instead of two each, one kernel call instead of two.
-    Call only when `fuses_directions` and `unavailable_reason` allow it.
-
-    Args:
-        forward, backward: The two inner LSTM layers.
-        x: Float tensor `(batch, time, features)` in the caller's order;
-            its padded steps are never read (their gradient is zero).
-        layout: The batch's `Layout`.
-        place: `"zeros"` (each valid step its own outputs, zeros at masked
-            steps) or `"last"` (the forward output after each row's last
-            valid step and the backward output after its first; zeros for a
-            row with none). Defaults to `"zeros"`.
-        want_states: Bool, whether to return the final states. Defaults to
-            `True`.
-
-    Returns:
-        `(forward_outputs, backward_outputs, forward_states,
-        backward_states)`: outputs `(batch, time, units)` (`(batch, units)`
-        for `"last"`); states `[h, c]` after each row's last valid step for
-        the forward direction and after its first for the backward one
-        (zeros, the initial state, for a row with none), `[]` unless
-        `want_states`.
-    """
-    if place not in ("zeros", "last"):
-        raise ValueError(f"place must be 'zeros' or 'last'; got {place!r}")
-    cell = forward.cell
-    dtype = _tensor(cell.kernel).dtype
-    units = forward.units
-    batch, time = layout.batch, layout.time
-    x = _tensor(x).to(dtype)
-    x = x.reshape(batch * time, x.shape[2])
-    data = with_padding_row(x).index_select(0, layout.read_index(False))
-    data = data.reshape(batch, time, -1)
-    params = _params(cell, _saturated_lstm_params) + _params(
-        backward.cell, _saturated_lstm_params
-    )
-    zeros = x.new_zeros((2, batch, units))
-    # Unpacked form: (input, hx, params, *flags, batch_first), bidirectional:
-    # params and states of the forward direction, then the backward one's.
-    flags = _flags(cell)[:-1] + (True,)
-    out, h, c = torch.lstm(data, (zeros, zeros), params, *flags, True)
-    out = with_zero_row(out.reshape(batch * time, 2 * units))
-    has_steps = layout.has_steps[:, None]
-    fwd_last = out.index_select(0, layout.last_index(False))[:, :units]
-    if place == "last":
-        # The backward output after its last read step is its final h.
-        y_fwd, y_bwd = fwd_last, torch.where(has_steps, h[1], 0.0)
-    else:
-        y = out.index_select(0, layout.place_index("zeros", False))
-        y = y.reshape(batch, time, 2 * units)
-        y_fwd, y_bwd = y[..., :units], y[..., units:]
-    if not want_states:
-        return y_fwd, y_bwd, [], []
-    states = [
-        torch.where(has_steps, s, 0.0) for s in (fwd_last, c[0], h[1], c[1])
-    ]
-    return y_fwd, y_bwd, states[:2], states[2:]
-
-
 def _tensor(value):
     """The torch tensor of a Keras variable (its `.value`: autocast and
     stateless scopes apply, as in `keras.ops.convert_to_tensor`) or of a
@@ -762,9 +663,8 @@ def _saturated_lstm_params(cell):
     w_ih = params[0]
     units = w_ih.shape[0] // 4
     flag = w_ih.new_zeros((4, units))
-    value = _SATURATION_FLOAT16 if w_ih.dtype == torch.float16 else _SATURATION
-    flag[0] = -value  # input gate i: sigmoid -> 0, no new input
-    flag[1] = value  # forget gate f: sigmoid -> 1, c kept
+    flag[0] = -_SATURATION  # input gate i: sigmoid -> 0, no new input
+    flag[1] = _SATURATION  # forget gate f: sigmoid -> 1, c kept
     params[0] = torch.cat([w_ih, flag.reshape(4 * units, 1)], 1)
     return params
 

@@ -204,9 +204,8 @@ def spy_masks(inner_layers):
 def spy_native_kernels(monkeypatch):
     """Records the inner layer of every call of PyTorch's native kernels
     (`maskedrnn._torch_kernels.run`, over valid-first data, and
-    `run_direction`, a whole direction from the caller's order) and both
-    inner layers, forward then backward, of every `run_bidirectional` (two
-    LSTM directions in one call); returns the list (torch backend only)."""
+    `run_direction`, a whole direction from the caller's order); returns the
+    list (torch backend only)."""
     from maskedrnn import _torch_kernels
 
     calls = []
@@ -218,13 +217,6 @@ def spy_native_kernels(monkeypatch):
             return _original(inner, *args, **kwargs)
 
         monkeypatch.setattr(_torch_kernels, name, spy)
-    original_bi = _torch_kernels.run_bidirectional
-
-    def spy_bi(forward, backward, *args, **kwargs):
-        calls.extend([forward, backward])
-        return original_bi(forward, backward, *args, **kwargs)
-
-    monkeypatch.setattr(_torch_kernels, "run_bidirectional", spy_bi)
     return calls
 
 

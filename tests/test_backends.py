@@ -119,34 +119,22 @@ class Spy:
 
         def spy(*args, **kwargs):
             bound = signature.bind(*args, **kwargs)
-            # The inner layer(s) passed: `inner`, or `forward` and `backward`
-            # (`_torch_kernels.run_bidirectional`: one call, two directions,
-            # recorded as one call each).
-            inners = [
-                bound.arguments[k]
-                for k in ("inner", "forward", "backward")
-                if k in bound.arguments
-            ] or [None]
+            inner = bound.arguments.get("inner")
             data = bound.arguments.get("inputs", bound.arguments.get("x"))
-            calls = [
-                {
-                    "device": str(getattr(data, "device", "")),
-                    "mask": bound.arguments.get("mask"),
-                    "kernel": bound.arguments.get(
-                        "kernel", inner.cell.kernel if inner is not None else None
-                    ),
-                }
-                for inner in inners
-            ]
-            self.calls.extend(calls)
+            call = {
+                "device": str(getattr(data, "device", "")),
+                "mask": bound.arguments.get("mask"),
+                "kernel": bound.arguments.get(
+                    "kernel", inner.cell.kernel if inner is not None else None
+                ),
+            }
+            self.calls.append(call)
             try:
                 out = original(*args, **kwargs)
             except NotImplementedError:
-                for call in calls:
-                    call["outcome"] = "NotImplementedError"
+                call["outcome"] = "NotImplementedError"
                 raise
-            for call in calls:
-                call["outcome"] = "computed"
+            call["outcome"] = "computed"
             return out
 
         monkeypatch.setattr(module, name, spy)
@@ -170,14 +158,13 @@ def spies(monkeypatch):
         assert module.backend is keras_backend
     spies = {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
     if BACKEND == "torch":
-        # Looked up as `_torch_kernels().run` / `.run_direction` /
-        # `.run_bidirectional` at call time; all record into one list.
+        # Looked up as `_torch_kernels().run` / `.run_direction` at call time;
+        # both record into one list.
         from maskedrnn import _torch_kernels
 
         spies["native"] = Spy(monkeypatch, "run", _torch_kernels)
-        for name in ("run_direction", "run_bidirectional"):
-            direct = Spy(monkeypatch, name, _torch_kernels)
-            direct.calls = spies["native"].calls
+        direct = Spy(monkeypatch, "run_direction", _torch_kernels)
+        direct.calls = spies["native"].calls
     return spies
 
 
@@ -221,13 +208,12 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     """Ours: both inner layers call `backend.<cell>` with mask=None, and the
     generic loop runs exactly when the fused function declined, maskless.
     With `kernels="native"`: PyTorch's kernel computes both directions (one
-    `_torch_kernels.run` or `run_direction` per direction and call, or one
-    `run_bidirectional` for both, recorded once per direction) and no Keras
-    RNN function runs at all."""
+    `_torch_kernels.run` or `run_direction` per direction and call) and no
+    Keras RNN function runs at all."""
     inner = (ours.forward_layer, ours.backward_layer)
     if kernels == "native":
         native = spies["native"]
-        assert native.calls, "no _torch_kernels run/run_direction/run_bidirectional"
+        assert native.calls, "_torch_kernels.run/run_direction was never called"
         assert len(native.calls) % 2 == 0
         kernels_seen = {id(c["kernel"]) for c in native.calls}
         assert kernels_seen == {id(layer.cell.kernel) for layer in inner}

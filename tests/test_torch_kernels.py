@@ -78,13 +78,12 @@ def oracle_copy(layer):
     return clone
 
 
-def pair(make, merge_mode="concat", **kw):
-    """(ours, Keras Bidirectional oracle) with identical weights; `kw` go to
-    the inner layers."""
+def pair(make, **kw):
+    """(ours, Keras Bidirectional oracle) with identical weights."""
     kw.setdefault("return_sequences", True)
     kw.setdefault("return_state", True)
-    ours = MaskedBidirectional(make(**kw), merge_mode=merge_mode)
-    ref = keras.layers.Bidirectional(oracle_copy(make(**kw)), merge_mode=merge_mode)
+    ours = MaskedBidirectional(make(**kw))
+    ref = keras.layers.Bidirectional(oracle_copy(make(**kw)))
     ours.build((None, None, D))
     ref.build((None, None, D))
     rng = np.random.default_rng(7)
@@ -203,106 +202,6 @@ def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
             inner, xt, initial, layout, reverse, packed=False
         )
         assert_close(saturated, packed, atol=tol * scale, rtol=tol)
-    # Both directions in one call (from zero states) against the packed
-    # kernel, each direction on its own.
-    xt = torch.tensor(x, device=DEVICE)
-    fused = _torch_kernels.run_bidirectional(
-        ours.forward_layer, ours.backward_layer, xt, layout
-    )
-    with torch.no_grad():
-        one_by_one = [
-            _torch_kernels.run_direction(inner, xt, None, layout, rev, packed=True)
-            for inner, rev in ((ours.forward_layer, False), (ours.backward_layer, True))
-        ]
-    expected = [one_by_one[0][0], one_by_one[1][0], one_by_one[0][1], one_by_one[1][1]]
-    assert_close(list(fused), expected, atol=tol * scale, rtol=tol)
-
-
-def _spy_lstm_calls(monkeypatch):
-    """Records `(input shape, bidirectional)` of each unpacked `torch.lstm`
-    call (a packed call is recorded with `None` for the flag)."""
-    calls = []
-    original = torch.lstm
-
-    def spy(data, second, params, *flags):
-        packed = isinstance(second, torch.Tensor)
-        calls.append((tuple(data.shape), None if packed else flags[4]))
-        return original(data, second, params, *flags)
-
-    monkeypatch.setattr(torch, "lstm", spy)
-    return calls
-
-
-@pytest.mark.parametrize("merge_mode", ["concat", "sum", "mul", None])
-@pytest.mark.parametrize("return_sequences", [True, False])
-def test_two_lstm_directions_run_in_one_bidirectional_call(
-    merge_mode, return_sequences, grad_mode, monkeypatch
-):
-    """`MaskedBidirectional(LSTM)` without an initial state runs both
-    directions in one bidirectional call of the fused kernel
-    (`_torch_kernels.run_bidirectional`: the backward direction reads each
-    row's padded tail first, made a no-op by the padding flag, so no
-    reversal is needed): one `torch.lstm` call, bidirectional, on `(B, T,
-    D + 1)`. Outputs, states and gradients (inputs and every weight) equal
-    Keras' masked `Bidirectional` for every mask pattern (holes, an
-    all-padding row), merge mode and `return_sequences`."""
-    calls = _spy_lstm_calls(monkeypatch)
-    ours, ref = pair(
-        NATIVE["lstm"], return_sequences=return_sequences, merge_mode=merge_mode
-    )
-    x = inputs(8)
-    got = ours(x, mask=MASK)
-    assert_close(got, ref(x, mask=MASK))
-    if DEVICE == "cpu":
-        assert calls == [((B, T, D + 1), True)]
-        assert all("one bidirectional call" in s for s in ours.kernel_info().values())
-    if grad_mode == "grad":
-        loss_o, grads_o = loss_and_grads(ours, x, mask=MASK)
-        loss_r, grads_r = loss_and_grads(ref, x, mask=MASK)
-        assert np.isclose(loss_o, loss_r, rtol=1e-5, atol=1e-4)
-        for g_o, g_r in zip(grads_o, grads_r):
-            np.testing.assert_allclose(g_o, g_r, atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.skipif(DEVICE != "cpu", reason="the fused call runs on CPU only")
-def test_what_keeps_the_two_directions_apart(monkeypatch):
-    """One bidirectional call needs two LSTMs alike and a zero initial `h`:
-    an initial state, a GRU, or a backward layer of other units or another
-    `use_bias` runs one call per direction (`run_direction`), as exact."""
-    calls = _spy_lstm_calls(monkeypatch)
-    rng = np.random.default_rng(1)
-    states = [rng.standard_normal((B, U)).astype("float32") for _ in range(4)]
-    ours, ref = pair(NATIVE["lstm"])
-    x = inputs(9)
-    assert_close(
-        ours(x, mask=MASK, initial_state=states),
-        ref(x, mask=MASK, initial_state=states),
-    )
-    assert calls == [((B, T, D + 1), False)] * 2
-    assert not _torch_kernels.fuses_directions(
-        ours.forward_layer, ours.backward_layer, states
-    )
-    for backward in (
-        keras.layers.LSTM(U + 1, return_sequences=True, go_backwards=True),
-        keras.layers.LSTM(U, use_bias=False, return_sequences=True, go_backwards=True),
-        keras.layers.GRU(U, return_sequences=True, go_backwards=True),
-    ):
-        layer = MaskedBidirectional(
-            keras.layers.LSTM(U, return_sequences=True), backward_layer=backward
-        )
-        layer.build((None, None, D))
-        assert not _torch_kernels.fuses_directions(
-            layer.forward_layer, layer.backward_layer, None
-        )
-        calls.clear()
-        layer(x, mask=MASK)
-        assert all(bidirectional is False for _, bidirectional in calls), calls
-        assert "one bidirectional call" not in layer.kernel_info()["forward"]
-    ours, _ = pair(NATIVE["gru"])
-    assert not _torch_kernels.fuses_directions(
-        ours.forward_layer, ours.backward_layer, None
-    )
-    assert "one bidirectional call" not in ours.kernel_info()["forward"]
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple_tanh"])

@@ -17,9 +17,7 @@ tells apart
   only cuDNN RNN JAX has; Keras calls it on a GPU only);
 - PyTorch's native kernels called by `maskedrnn._torch_kernels.run` (over
   valid-first data) and `run_direction` (a whole direction from the caller's
-  order), labelled "torch native kernel", and `run_bidirectional` (two LSTM
-  directions in one call), "torch native kernel, both directions in one
-  call"; a GRU or SimpleRNN with gradients
+  order), labelled "torch native kernel"; a GRU or SimpleRNN with gradients
   recorded runs `_torch_kernels.GRUFunction` / `SimpleRNNFunction` there
   (PyTorch's equations in torch ops), under the same label.
 
@@ -88,9 +86,6 @@ def _targets():
         # Both call PyTorch's kernels; one label for both.
         for name in ("run", "run_direction"):
             targets.append((_torch_kernels, name, "torch native kernel", False, False))
-        # Two LSTM directions in one bidirectional call.
-        label = "torch native kernel, both directions in one call"
-        targets.append((_torch_kernels, "run_bidirectional", label, False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 

@@ -209,24 +209,6 @@ def run_in_torch(
     )
 
 
-def fuses_in_torch(forward, backward, initial_state):
-    """True when both directions of a `MaskedBidirectional` that
-    `runs_in_torch` can run in one bidirectional kernel call
-    (`run_bidirectional_in_torch`): two LSTMs alike, no initial state."""
-    return kernels.torch_kernels().fuses_directions(forward, backward, initial_state)
-
-
-def run_bidirectional_in_torch(forward, backward, x, layout, place, want_states):
-    """Both LSTM directions in one bidirectional call of PyTorch's fused
-    kernel, from and back to the caller's order: `(forward outputs,
-    backward outputs, forward states, backward states)`, as two
-    `run_in_torch` calls would return them. See
-    `maskedrnn._torch_kernels.run_bidirectional`."""
-    return kernels.torch_kernels().run_bidirectional(
-        forward, backward, x, layout, place, want_states
-    )
-
-
 def run(inner, x, steps, initial_state=None, training=None, want_states=True):
     """Runs `inner` over valid-first `x`; returns `(outputs, states)`.
 

@@ -238,25 +238,11 @@ class MaskedBidirectional(direction.MaskedWrapper):
             `rnn_relu`, torch backend on CPU), Keras' unmasked inner layer
             (its backend picks a fused kernel such as cuDNN when it can), or
             Keras' masked step loop (no fused kernel to keep for that
-            layer here), each with the reason it was chosen. Where two
-            LSTMs run on PyTorch's native kernel, the sentences add that
-            both directions run in one bidirectional call of it when no
-            initial state is given.
+            layer here), each with the reason it was chosen.
         """
-        inner = (self.forward_layer, self.backward_layer)
-        info = self._kernel_info(dict(zip(("forward", "backward"), inner)), inputs)
-        where = self.forward_layer.cell.kernel if inputs is None else inputs
-        if all(
-            direction.runs_in_torch(layer, where, self.return_state) for layer in inner
-        ) and direction.fuses_in_torch(*inner, None):
-            for key in info:
-                info[key] += (
-                    "; without an initial state both directions run in one "
-                    "bidirectional call of that kernel, the backward one "
-                    "reading each row's padded tail first as no-op steps "
-                    "(_torch_kernels.run_bidirectional)"
-                )
-        return info
+        return self._kernel_info(
+            {"forward": self.forward_layer, "backward": self.backward_layer}, inputs
+        )
 
     # ------------------------------------------------------------------- call
 
@@ -318,20 +304,6 @@ class MaskedBidirectional(direction.MaskedWrapper):
         fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         place = "zeros" if self.return_sequences else "last"
         layout = direction.torch_layout(mask)
-        if direction.fuses_in_torch(self.forward_layer, self.backward_layer, fwd_state):
-            # Two LSTMs: one bidirectional call of the fused kernel.
-            fwd_y, bwd_y, fwd_states, bwd_states = (
-                direction.run_bidirectional_in_torch(
-                    self.forward_layer,
-                    self.backward_layer,
-                    x,
-                    layout,
-                    place,
-                    self.return_state,
-                )
-            )
-            outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-            return self._returned(outputs, bad_rows)
         fwd_y, fwd_states = direction.run_in_torch(
             self.forward_layer, x, layout, fwd_state, False, place, self.return_state
         )
