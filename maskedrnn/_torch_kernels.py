@@ -561,10 +561,13 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
 # Added to the forget gate's pre-activation at a padded step by
 # `saturated_lstm` (and subtracted from the input gate's). Any value that
 # dwarfs `|h @ W_hh + b|` there (the input is zero, |h| < 1) saturates both
-# sigmoids in float32 and float64; 1e15 leaves a margin of 1e14 for the
-# weights and keeps finite the gradient PyTorch computes for the padding
-# flag (which is discarded).
+# sigmoids; 1e15 leaves a margin of 1e14 for the weights in float32,
+# float64 and bfloat16 and keeps finite the gradient PyTorch computes for
+# the padding flag (which is discarded). float16 (the weights' values under
+# a mixed-precision outer layer's autocast) ends at 65504: 1e4 there, still
+# exactly 0 at a valid step (0 * 1e4) and a margin of 9e3 at a padded one.
 _SATURATION = 1e15
+_SATURATION_FLOAT16 = 1e4
 
 
 def with_padding_row(t):
@@ -663,8 +666,9 @@ def _saturated_lstm_params(cell):
     w_ih = params[0]
     units = w_ih.shape[0] // 4
     flag = w_ih.new_zeros((4, units))
-    flag[0] = -_SATURATION  # input gate i: sigmoid -> 0, no new input
-    flag[1] = _SATURATION  # forget gate f: sigmoid -> 1, c kept
+    value = _SATURATION_FLOAT16 if w_ih.dtype == torch.float16 else _SATURATION
+    flag[0] = -value  # input gate i: sigmoid -> 0, no new input
+    flag[1] = value  # forget gate f: sigmoid -> 1, c kept
     params[0] = torch.cat([w_ih, flag.reshape(4 * units, 1)], 1)
     return params
 

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn import MaskedBidirectional
+from maskedrnn import MaskedBidirectional, MaskedRNN
 from tests.helpers import flat, to_np
 
 B, T, D, U = 4, 6, 3, 8
@@ -77,6 +77,38 @@ def test_single_step_sequences(kind, policy):
     """
     mask = np.array([[True], [False], [True], [False]])
     _check_against_keras_and_float32(kind, policy, 1, mask)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_a_policy_on_the_wrapper_alone(wrapper, policy):
+    """The policy given to the wrapper only (`MaskedBidirectional(LSTM(...),
+    dtype=policy)`), its inner LSTMs float32: the wrapper's autocast hands
+    the inner layers float16/bfloat16 weight values, which must not break
+    the torch CPU path's padding flag (its weight would overflow float16).
+    Outputs and final states stay finite and equal Keras under the same
+    policy (`Bidirectional(LSTM(use_cudnn=False), dtype=policy)`, or the
+    LSTM itself for `MaskedRNN`), every mask pattern, an empty row."""
+    kw = dict(return_sequences=True, return_state=True)
+    if wrapper == "bidirectional":
+        ours = MaskedBidirectional(keras.layers.LSTM(U, **kw), dtype=policy)
+        ref = keras.layers.Bidirectional(
+            keras.layers.LSTM(U, use_cudnn=False, **kw), dtype=policy
+        )
+    else:
+        ours = MaskedRNN(keras.layers.LSTM(U, **kw), dtype=policy)
+        ref = keras.layers.LSTM(U, use_cudnn=False, dtype=policy, **kw)
+    ours.build((None, None, D))
+    ref.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    mask = mask_patterns()
+    x = np.random.default_rng(3).standard_normal((B, T, D)).astype("float32")
+    got = [to_np(t).astype("float32") for t in flat(ours(x, mask=mask))]
+    want = [to_np(t).astype("float32") for t in flat(ref(x, mask=mask))]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, atol=TOLERANCE[policy], rtol=0)
 
 
 def _check_against_keras_and_float32(kind, policy, steps, mask):
