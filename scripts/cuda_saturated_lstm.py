@@ -10,8 +10,8 @@ arithmetic again. Keras' torch backend reaches cuDNN through
 `torch._VF.lstm`, the very function `torch.lstm` is, so the saturated call
 would run the same cuDNN kernel with one input feature more. This script
 measures, on right-padded data (already valid-first, so no gathers in the
-way), one direction, forward and forward+backward (gradients w.r.t. the
-inputs and every weight):
+way), one direction and then both (`MaskedBidirectional`), forward and
+forward+backward (gradients w.r.t. the inputs and every weight):
 
 - `keras_unmasked`: Keras' LSTM without a mask (cuDNN on CUDA): the floor,
   wrong over the padding;
@@ -20,7 +20,13 @@ inputs and every weight):
   recomputation of `c`);
 - `saturated`: `torch.lstm` on the inputs with the padding flag appended
   and `_torch_kernels._saturated_lstm_params`, `h` read at each row's
-  length, `c` the kernel's own;
+  length, `c` the kernel's own; bidirectional: one bidirectional call,
+  whose backward direction reads each row's padded tail first, from the
+  zero state the flag keeps (`c` stays 0, so `h` stays 0), so it needs no
+  per-row reversal, and returns its exact final `h` and `c` itself (on a
+  CPU this is not faster than two calls,
+  docs/results/torch-bidirectional-call.txt; on cuDNN Keras' unmasked
+  `Bidirectional` is one such call, the bar);
 - `torch_packed`: `torch.lstm` on the packed valid steps (PyTorch's
   `nn.LSTM` on a `PackedSequence`): the exact oracle.
 
@@ -74,69 +80,87 @@ flag = torch.tensor(~mask_np, dtype=torch.float32, device=device)[..., None]
 rows = torch.arange(batch, device=device)
 valid = torch.tensor(mask_np, device=device)
 
-ours = maskedrnn.MaskedRNN(
-    keras.layers.LSTM(units, return_sequences=True, return_state=True)
-)
-ours.build((None, None, units))
-inner = ours.layer
-plain = keras.layers.LSTM(units, return_sequences=True)
-plain.build((None, None, units))
-plain.set_weights(inner.get_weights())
-weights = [v.value for v in ours.trainable_variables]
-plain_weights = [v.value for v in plain.trainable_variables]
 
 
-def with_states(y, h, c):
+def with_states(y, states):
     # Outputs at valid steps, then the final states: what every case returns.
-    return [y * valid[..., None], h, c]
+    return [y * valid[..., None]] + list(states)
 
 
-def saturated(x):
-    params = _torch_kernels._saturated_lstm_params(inner.cell)
-    zeros = x.new_zeros((1, batch, units))
-    y, _, c = torch.lstm(
-        torch.cat([x, flag], -1), (zeros, zeros), params, True, 1, 0.0,
-        torch.is_grad_enabled(), False, True,
+def build(directions):
+    """`{case: (fn(x) -> outputs, params)}` for one direction (`MaskedRNN`)
+    or two (`MaskedBidirectional`)."""
+    kw = dict(return_sequences=True, return_state=True)
+    if directions == 1:
+        ours = maskedrnn.MaskedRNN(keras.layers.LSTM(units, **kw))
+        plain = keras.layers.LSTM(units, return_sequences=True)
+    else:
+        ours = maskedrnn.MaskedBidirectional(keras.layers.LSTM(units, **kw))
+        plain = keras.layers.Bidirectional(
+            keras.layers.LSTM(units, return_sequences=True)
+        )
+    ours.build((None, None, units))
+    plain.build((None, None, units))
+    plain.set_weights(ours.get_weights())
+    cells = (
+        [ours.layer.cell]
+        if directions == 1
+        else [ours.forward_layer.cell, ours.backward_layer.cell]
     )
-    return with_states(y, y[rows, lengths - 1], c[0])
+    weights = [v.value for v in ours.trainable_variables]
+    zeros = torch.zeros((directions, batch, units), device=device)
 
+    def kernel_args(make):
+        return [p for cell in cells for p in make(cell)]
 
-def torch_packed(x):
-    params = _torch_kernels._plain_params(inner.cell)
-    seq = torch.nn.utils.rnn.pack_padded_sequence(
-        x, lengths_cpu, batch_first=True, enforce_sorted=False
-    )
-    zeros = x.new_zeros((1, batch, units))
-    data, h, c = torch.lstm(
-        seq.data, seq.batch_sizes, (zeros, zeros), params, True, 1, 0.0,
-        torch.is_grad_enabled(), False,
-    )
-    seq = torch.nn.utils.rnn.PackedSequence(
-        data, seq.batch_sizes, seq.sorted_indices, seq.unsorted_indices
-    )
-    y, _ = torch.nn.utils.rnn.pad_packed_sequence(
-        seq, batch_first=True, total_length=steps
-    )
-    back = seq.unsorted_indices
-    return with_states(y, h[0][back], c[0][back])
+    def saturated(x):
+        # The backward direction (if any) reads each row's padded tail first,
+        # from the zero state, which the flag keeps: c stays 0, h stays 0.
+        params = kernel_args(_torch_kernels._saturated_lstm_params)
+        y, h, c = torch.lstm(
+            torch.cat([x, flag], -1), (zeros, zeros), params, True, 1, 0.0,
+            torch.is_grad_enabled(), directions == 2, True,
+        )
+        states = [y[rows, lengths - 1, :units], c[0]]
+        if directions == 2:
+            states += [h[1], c[1]]
+        return with_states(y, states)
 
+    def torch_packed(x):
+        params = kernel_args(_torch_kernels._plain_params)
+        seq = torch.nn.utils.rnn.pack_padded_sequence(
+            x, lengths_cpu, batch_first=True, enforce_sorted=False
+        )
+        data, h, c = torch.lstm(
+            seq.data, seq.batch_sizes, (zeros, zeros), params, True, 1, 0.0,
+            torch.is_grad_enabled(), directions == 2,
+        )
+        seq = torch.nn.utils.rnn.PackedSequence(
+            data, seq.batch_sizes, seq.sorted_indices, seq.unsorted_indices
+        )
+        y, _ = torch.nn.utils.rnn.pad_packed_sequence(
+            seq, batch_first=True, total_length=steps
+        )
+        back = seq.unsorted_indices
+        return with_states(
+            y, [s[d][back] for d in range(directions) for s in (h, c)]
+        )
 
-def maskedrnn_call(x):
-    y, h, c = ours(x, lengths=lengths)
-    return with_states(y, h, c)
+    def maskedrnn_call(x):
+        y, *states = ours(x, lengths=lengths)
+        return with_states(y, states)
 
+    def keras_unmasked(x):
+        y = plain(x)
+        return [y] + [y[:, -1, :units]] * (2 * directions)
 
-def keras_unmasked(x):
-    y = plain(x)
-    return [y, y[:, -1], y[:, -1]]
-
-
-CASES = {
-    "keras_unmasked": (keras_unmasked, plain_weights),
-    "maskedrnn": (maskedrnn_call, weights),
-    "saturated": (saturated, weights),
-    "torch_packed": (torch_packed, weights),
-}
+    plain_weights = [v.value for v in plain.trainable_variables]
+    return {
+        "keras_unmasked": (keras_unmasked, plain_weights),
+        "maskedrnn": (maskedrnn_call, weights),
+        "saturated": (saturated, weights),
+        "torch_packed": (torch_packed, weights),
+    }
 
 
 def sync():
@@ -171,24 +195,32 @@ def max_diff(a, b):
 
 name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
 print(
-    f"one LSTM direction, {name}, B={batch} T={steps} D=U={units}, right-padded, "
-    f"lengths {lengths_np.min()}-{steps} (mean {lengths_np.mean():.1f}), "
-    f"median of {args.calls} calls (ms), torch {torch.__version__}"
+    f"LSTM with final states, {name}, B={batch} T={steps} D=U={units}, "
+    f"right-padded, lengths {lengths_np.min()}-{steps} (mean "
+    f"{lengths_np.mean():.1f}), median of {args.calls} calls (ms), torch "
+    f"{torch.__version__}"
 )
-for tf32 in (False, True):
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    with torch.no_grad():
-        oracle = torch_packed(x)
-        diffs = {
-            n: max_diff(CASES[n][0](x), oracle) for n in ("saturated", "maskedrnn")
-        }
+for directions in (1, 2):
+    cases = build(directions)
     print(
-        f"TF32 {'on' if tf32 else 'off'}: max |diff| from torch_packed (outputs at "
-        "valid steps, h, c): "
-        + ", ".join(f"{n} {d:.1e}" for n, d in diffs.items())
+        "one direction (MaskedRNN)"
+        if directions == 1
+        else "bidirectional (MaskedBidirectional; saturated: one bidirectional call)"
     )
-    print(f"  {'case':16}{'fwd':>10}{'fwd+bwd':>10}")
-    for case, (fn, params) in CASES.items():
-        fwd, both = timed(fn, params, False), timed(fn, params, True)
-        print(f"  {case:16}{fwd:>10.3f}{both:>10.3f}")
+    for tf32 in (False, True):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        with torch.no_grad():
+            oracle = cases["torch_packed"][0](x)
+            diffs = {
+                n: max_diff(cases[n][0](x), oracle) for n in ("saturated", "maskedrnn")
+            }
+        print(
+            f"  TF32 {'on' if tf32 else 'off'}: max |diff| from torch_packed "
+            "(outputs at valid steps, final states): "
+            + ", ".join(f"{n} {d:.1e}" for n, d in diffs.items())
+        )
+        print(f"    {'case':16}{'fwd':>10}{'fwd+bwd':>10}")
+        for case, (fn, params) in cases.items():
+            fwd, both = timed(fn, params, False), timed(fn, params, True)
+            print(f"    {case:16}{fwd:>10.3f}{both:>10.3f}")

@@ -95,10 +95,10 @@ def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     names it."""
     result = run_probe("cuda_saturated_lstm.py", "--quick", "--device", "cpu")
     diffs = re.findall(r"saturated (\S+), maskedrnn (\S+)", result.stdout)
-    assert len(diffs) == 2, result.stdout  # TF32 off and on
+    assert len(diffs) == 4, result.stdout  # 1 and 2 directions, TF32 off and on
     assert all(float(d) < 1e-5 for pair in diffs for d in pair), result.stdout
     for case in ("keras_unmasked", "maskedrnn", "saturated", "torch_packed"):
-        assert len(re.findall(rf"^  {case} ", result.stdout, re.M)) == 2, result.stdout
+        assert len(re.findall(rf"^ +{case} ", result.stdout, re.M)) == 4, result.stdout
     assert "scripts/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
 
 
