@@ -495,6 +495,24 @@ def test_inf_and_huge_values_in_padding_never_matter(kind, wrapper):
         np.testing.assert_allclose(g, g_ref, atol=1e-5, rtol=1e-4)
 
 
+def test_masked_inputs_of_keras_loop_are_zeroed_exactly():
+    """The zeroing before Keras' masked loop (`direction.zero_masked_inputs`,
+    written in time-major order so that XLA fuses it into the loop's own
+    transpose) gives numpy's `where(mask, x, 0)` bit for bit, shape and
+    order kept, with inf, NaN and 3e38 at the masked steps."""
+    from maskedrnn.layers import direction
+
+    mask = mask_patterns()
+    x = make_inputs(7)
+    pads = np.resize(
+        np.array([3e38, np.inf, -np.inf, np.nan], "float32"), (~mask).sum()
+    )
+    x[~mask] = pads[:, None]
+    got = to_np(direction.zero_masked_inputs(x, mask))
+    assert got.shape == (B, T, D)
+    np.testing.assert_array_equal(got, np.where(mask[..., None], x, 0.0))
+
+
 def numpy_lstm_states(x, mask, kernel, recurrent_kernel, bias):
     """Oracle: Keras' LSTM equations in float64 numpy, stepping over the
     valid steps of each row; returns the final `(h, c)`."""

@@ -115,6 +115,32 @@ def zero_where_masked(x, mask):
     return ops.where(ops.expand_dims(mask, -1), x, ops.zeros_like(x))
 
 
+def zero_masked_inputs(x, mask):
+    """`zero_where_masked(x, mask)` for the input of Keras' step loop.
+
+    The same values and gradients, computed in time-major order: Keras'
+    loop transposes its input to `(time, batch, features)` before stepping,
+    and with the zeroing written in that order XLA fuses it into that
+    transpose, so a forward pass makes one pass over `x`, as Keras' own
+    masked loop does, instead of two (under a gradient both forms make
+    three: XLA moves the transpose to the backward side). JAX CPU, one
+    thread: `KERAS_BACKEND=jax python scripts/masked_loop_zeroing.py`, which
+    times both forms against Keras' masked layer (docs/results/
+    masked-loop-zeroing-jax.txt).
+
+    Args:
+        x: Float tensor `(batch, time, features)`.
+        mask: Bool tensor `(batch, time)`, False at the steps to zero.
+
+    Returns:
+        `x` with zeros at every masked step.
+    """
+    time_major = ops.transpose(x, (1, 0, 2))
+    mask = ops.expand_dims(ops.transpose(mask, (1, 0)), -1)
+    time_major = ops.where(mask, time_major, ops.zeros_like(time_major))
+    return ops.transpose(time_major, (1, 0, 2))
+
+
 def loops_over_mask(inner, where, want_states=False):
     """True when `kernels.choose` sends `inner` to Keras' masked step loop.
 
@@ -148,7 +174,7 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
         nor gradients.
     """
     y, *states = inner(
-        zero_where_masked(x, mask),
+        zero_masked_inputs(x, mask),
         mask=mask,
         initial_state=initial_state,
         training=training,
