@@ -9,8 +9,14 @@ against the JSON):
   and `fwd` cells are the JSON's `ratios` rounded to 2 digits, followed,
   where the row has a `target` (`≤ X`), by "met" or "**missed** by D", and
   its `load 1 min` cell (where present) is the JSON's 1-minute load
-  average. The line `**Met: N of the M figures ...**` after the first such
-  table is recounted.
+  average, and its `95% interval` cell (where present) the ratio's interval
+  from the run's own repeats (`maskedrnn.bench.report.ratio_interval`),
+  fwd+bwd; fwd. The line `**Met: N of the M figures ...; missed: K ...**`
+  after the first such table is recounted, with how many of the missed
+  figures have the target inside their interval;
+- `<!-- bench-runs docs/results/runs-X.json -->`: the summary of
+  `scripts/bench_runs.py`'s rounds, one row per run name, mode and ratio
+  with a target (`runs_table`).
 
 Run after `scripts/bench_cpu.sh`:
 
@@ -32,7 +38,34 @@ from maskedrnn.bench import report  # noqa: E402
 
 TABLE = re.compile(r"(<!-- bench-table (\S+) -->\n)((?:\|.*\n)+)")
 RATIOS = re.compile(r"(<!-- bench-ratios -->\n)((?:\|.*\n)+)")
-MET = re.compile(r"\*\*Met: \d+ of the (\d+) figures ([^;]*); missed: \d+\.\*\*")
+MET = re.compile(
+    r"\*\*Met: \d+ of the (\d+) figures ([^;]*); missed: \d+[^*]*\.\*\*"
+)
+INTERVAL = "95% interval"
+RUNS = re.compile(r"(<!-- bench-runs (\S+) -->\n)((?:\|.*\n)+)")
+MODES = {"train": "fwd+bwd", "infer": "fwd"}
+
+
+def runs_table(runs):
+    """The Markdown table of a `scripts/bench_runs.py` JSON: per run name,
+    mode and ratio with a target, the median, lowest and highest ratio over
+    the rounds and in how many rounds the rounded ratio met the target."""
+    rounds = len(runs["rounds"])
+    lines = [
+        "| run | mode | ratio | target | median | lowest–highest | met in |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for name in runs["names"]:
+        for mode, values in runs["summary"][name].items():
+            for pair, entry in values.items():
+                if "target" not in entry:
+                    continue
+                lines.append(
+                    f"| `{name}` | {MODES[mode]} | `{pair}` | ≤ {entry['target']} | "
+                    f"{entry['median']:.3f} | {entry['min']:.2f}–{entry['max']:.2f} | "
+                    f"{entry['rounds_met']} of {rounds} |"
+                )
+    return "\n".join(lines) + "\n"
 
 
 def _load(path):
@@ -59,11 +92,18 @@ def _ratio_table(table, counts):
         results = _load(row["JSON"].strip("`"))
         ratio = row["ratio"].strip("`")
         target = row.get("target")
+        intervals = []
         for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
             value = f"{results['ratios'][mode][ratio]:.2f}"
             cells[header.index(column)] = _cell(value, target)
+            low, high = report.ratio_interval(results["rows"], mode, ratio)
+            intervals.append(f"{low:.2f}–{high:.2f}")
             if target is not None:
-                counts.append(cells[header.index(column)].endswith("met"))
+                limit = float(target.removeprefix("≤ "))
+                met = cells[header.index(column)].endswith("met")
+                counts.append((met, low <= limit))
+        if INTERVAL in header:
+            cells[header.index(INTERVAL)] = "; ".join(intervals)
         if "load 1 min" in header:
             load = results["environment"]["load_average_1m"]
             cells[header.index("load 1 min")] = f"{load:.1f}"
@@ -77,16 +117,19 @@ def rewrite(page):
         return match.group(1) + report.markdown_table(results) + "\n"
 
     page = TABLE.sub(table, page)
+    page = RUNS.sub(lambda m: m.group(1) + runs_table(_load(m.group(2))), page)
     counts = []
     page = RATIOS.sub(
         lambda m: m.group(1) + _ratio_table(m.group(2), counts), page
     )
-    met = sum(counts)
+    met = sum(m for m, _ in counts)
+    level = sum(inside for m, inside in counts if not m)
 
     def summary(match):
         return (
             f"**Met: {met} of the {len(counts)} figures {match.group(2)}; "
-            f"missed: {len(counts) - met}.**"
+            f"missed: {len(counts) - met}, of them {level} with the target "
+            f"inside the run's 95% interval.**"
         )
 
     return MET.sub(summary, page, count=1)

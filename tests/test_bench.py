@@ -114,6 +114,50 @@ def test_ratios_are_ratios_of_the_medians(lstm_run):
             assert value == pytest.approx(expected, rel=1e-12)
 
 
+def _rows(ours, base, mode="infer"):
+    return [
+        {"impl": "maskedrnn", "mode": mode, "times_ms": list(ours)},
+        {"impl": "keras_masked", "mode": mode, "times_ms": list(base)},
+    ]
+
+
+def test_ratio_interval_is_a_paired_bootstrap_of_the_ratio_of_medians():
+    """`report.ratio_interval`: repeats drawn with replacement, the same
+    repeats for both implementations. Oracles: a ratio that is the same in
+    every repeat has no spread, however much the machine drifts between
+    repeats (pairing keeps the drift out); numpy's own bootstrap, written
+    here, gives the same bounds; the interval holds the point ratio."""
+    from maskedrnn.bench.report import ratio_interval
+
+    drift = np.linspace(1.0, 3.0, 20)  # a machine slowing down threefold
+    rows = _rows(1.1 * drift, drift)
+    low, high = ratio_interval(rows, "infer", "maskedrnn/keras_masked")
+    assert low == pytest.approx(1.1) and high == pytest.approx(1.1)
+
+    rng = np.random.default_rng(5)
+    base = rng.uniform(1.0, 2.0, 20)
+    ours = base * rng.uniform(0.9, 1.2, 20)
+    rows = _rows(ours, base, "train")
+    interval = ratio_interval(rows, "train", "maskedrnn/keras_masked")
+    draws = np.random.default_rng(0).integers(0, 20, size=(4000, 20))
+    ratios = np.median(ours[draws], axis=1) / np.median(base[draws], axis=1)
+    assert interval == pytest.approx(tuple(np.percentile(ratios, [2.5, 97.5])))
+    point = np.median(ours) / np.median(base)
+    assert interval[0] < point < interval[1]
+    assert ratio_interval(rows, "train", "maskedrnn/keras_masked") == interval
+    assert ratio_interval(rows, "infer", "maskedrnn/keras_masked") is None
+
+
+def test_text_table_gives_each_ratio_its_interval(lstm_run):
+    results, _ = lstm_run
+    from maskedrnn.bench.report import ratio_interval
+
+    table = bench.format_table(results)
+    low, high = ratio_interval(results["rows"], "train", "maskedrnn/keras_masked")
+    value = results["ratios"]["train"]["maskedrnn/keras_masked"]
+    assert f"maskedrnn/keras_masked = {value:.2f} [{low:.2f}, {high:.2f}]" in table
+
+
 def test_timed_implementations_compute_the_masked_result(lstm_run):
     results, _ = lstm_run
     for row in results["rows"]:
@@ -529,7 +573,8 @@ def test_every_ratio_quoted_in_benchmarks_page_is_its_committed_json():
     row per JSON file and ratio, columns `fwd+bwd` and `fwd`) quote the
     JSON's `ratios`, rounded to 2 digits; where a row has a `target`
     (`≤ X`), its verdict is "met" exactly when the rounded ratio is at most X,
-    and otherwise "missed by" the difference."""
+    and otherwise "missed by" the difference; a `95% interval` column holds
+    each ratio's interval from the JSON's repeats."""
     import pathlib
     import re
 
@@ -546,6 +591,12 @@ def test_every_ratio_quoted_in_benchmarks_page_is_its_committed_json():
             with open(root / cells["JSON"].strip("`")) as f:
                 results = json.load(f)
             ratio = cells["ratio"].strip("`")
+            intervals = [
+                "%.2f–%.2f" % bench.report.ratio_interval(results["rows"], m, ratio)
+                for m in ("train", "infer")
+            ]
+            if "95% interval" in cells:
+                assert cells["95% interval"] == "; ".join(intervals), line
             for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
                 value = f"{results['ratios'][mode][ratio]:.2f}"
                 assert cells[column].split()[0] == value, (line, column)
@@ -641,3 +692,31 @@ def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
     masked = rows["keras_masked", "train"]["kernels"]
     assert "backend.rnn computed, with a mask x2" in masked
     assert "MaskedRNN" in bench.format_table(results)
+
+
+def test_bench_runs_summary_counts_rounds_that_met_the_target():
+    """`scripts/bench_runs.py`'s summary of repeated runs: median, lowest
+    and highest ratio over the rounds, and in how many rounds the ratio
+    rounded to 2 digits (as the docs' verdicts) met the target; numpy is
+    the oracle, on made-up rounds. The docs' `bench-runs` tables are this
+    summary (`scripts/bench_docs.py`, test above)."""
+    import importlib.util
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "bench_runs", root / "scripts" / "bench_runs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    series = [0.996, 1.004, 1.006, 1.03, 0.97]  # 1.004 rounds to 1.00: met
+    rounds = [
+        {"x": {"ratios": {"infer": {"maskedrnn/keras_masked": v, "other": 2.0}}}}
+        for v in series
+    ]
+    summary = module.summarize(rounds, ["x"], {"maskedrnn/keras_masked": 1.0})
+    entry = summary["x"]["infer"]["maskedrnn/keras_masked"]
+    assert entry["median"] == pytest.approx(np.median(series))
+    assert (entry["min"], entry["max"]) == (0.97, 1.03)
+    assert entry["rounds_met"] == 3 and entry["target"] == 1.0
+    assert "rounds_met" not in summary["x"]["infer"]["other"]

@@ -24,6 +24,38 @@ def ratios(rows, modes):
     return result
 
 
+def ratio_interval(rows, mode, pair, level=0.95, resamples=4000, seed=0):
+    """A `level` confidence interval `(low, high)` of the ratio of medians
+    `pair` (`"ours/baseline"`, as in `ratios`) in `mode`, from the run's own
+    repeats: a paired bootstrap (`resamples` draws of the repeats, with
+    replacement, the same repeats for both implementations, each draw's
+    ratio of medians; the interval is their central `level` share).
+
+    Each repeat timed every case once, in a new random order
+    (`timing._time_all`), so the i-th times of two implementations were
+    taken in the same round: drawing repeats, not single times, keeps what
+    a round shares (a slow spell of the machine). Seeded: the same JSON
+    gives the same interval. It says how far the ratio moves with this
+    run's own noise, not with the drift between separate runs (other load,
+    another process), which can be larger.
+
+    Returns None when either implementation was not timed in `mode`.
+    """
+    ours_name, base_name = pair.split("/")
+    times = {(r["impl"], r["mode"]): r.get("times_ms") for r in rows}
+    ours, base = times.get((ours_name, mode)), times.get((base_name, mode))
+    if not ours or not base or len(ours) != len(base):
+        return None
+    ours, base = np.asarray(ours), np.asarray(base)
+    draws = np.random.default_rng(seed).integers(
+        0, len(ours), size=(resamples, len(ours))
+    )
+    ratio = np.median(ours[draws], axis=1) / np.median(base[draws], axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(ratio, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def environment(backend, harness):
     """Machine, device name and library versions (and the load average)."""
     import maskedrnn
@@ -129,8 +161,16 @@ def format_table(results):
             )
     for mode, values in results["ratios"].items():
         if values:
-            parts = ", ".join(f"{k} = {v:.2f}" for k, v in values.items())
-            lines.append(f"ratios ({mode}): {parts}")
+            parts = []
+            for pair, value in values.items():
+                interval = ratio_interval(results["rows"], mode, pair)
+                spread = "" if interval is None else " [%.2f, %.2f]" % interval
+                parts.append(f"{pair} = {value:.2f}{spread}")
+            lines.append(f"ratios ({mode}): {', '.join(parts)}")
+    lines.append(
+        "[low, high]: 95% interval of the ratio from this run's repeats "
+        "(paired bootstrap, maskedrnn.bench.report.ratio_interval)."
+    )
     return "\n".join(lines)
 
 
