@@ -26,6 +26,7 @@ import keras
 import numpy as np
 import pytest
 
+import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN
 from maskedrnn.layers import kernels
 from tests.helpers import (
@@ -85,9 +86,9 @@ def test_lstm_states_without_gpu_use_keras_masked_loop(wrapper, how):
     else:
         mask = lengths_to_mask(LENGTHS, T)
         assert_close(ours(x, lengths=LENGTHS), ref(x, mask=mask))
-        # Right-padded data: the mask of the lengths for both directions
-        # (the backward one reads each row reversed by its length).
-        expected = [mask] * len(inner)
+        # The mask of the lengths, read as any mask: the backward direction
+        # reads it flipped (no per-row reversal).
+        expected = [mask, mask[:, ::-1]][: len(inner)]
     assert len(seen) == len(inner)
     for m, want in zip(seen, expected):
         np.testing.assert_array_equal(to_np(m), want)
@@ -156,11 +157,15 @@ def holes_mask():
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("how", ["left", "holes", "lengths"])
-def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(kind, wrapper, how):
+def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
+    kind, wrapper, how, monkeypatch
+):
     """Outputs, states and gradients (inputs and every weight) equal Keras'
-    masked layer; the inner RNNs get exactly the caller's mask (flipped for
-    the backward direction) or, with `lengths=`, the right-padded mask of
-    the lengths; `kernel_info` says why."""
+    masked layer; the inner RNNs get exactly the caller's mask or, with
+    `lengths=`, the right-padded mask of the lengths (flipped for the
+    backward direction, as Keras' `Bidirectional` flips it), on the data as
+    it is: no valid-first gather or per-row reversal (`ops.gather_time`
+    never runs); `kernel_info` says why."""
     if keras_has_gpu():
         pytest.skip("a GPU is visible: the RNNs run unmasked there")
     ours, ref = oracle_pair(
@@ -174,12 +179,19 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(kind, wrapper, how):
     if how == "lengths":
         mask = lengths_to_mask(LENGTHS, T)
         ours_kwargs = {"lengths": LENGTHS}
-        expected = [mask] * len(inner)
     else:
         mask = left_padded_mask() if how == "left" else holes_mask()
         ours_kwargs = {"mask": mask}
-        expected = [mask, mask[:, ::-1]][: len(inner)]
+    expected = [mask, mask[:, ::-1]][: len(inner)]
+    gathers = []
+    gather_time = maskedrnn.ops.gather_time
+    monkeypatch.setattr(
+        maskedrnn.ops,
+        "gather_time",
+        lambda *a, **k: gathers.append(1) or gather_time(*a, **k),
+    )
     assert_close(ours(x, **ours_kwargs), ref(x, mask=mask))
+    assert gathers == []
     assert len(seen) == len(inner)
     for m, want in zip(seen, expected):
         np.testing.assert_array_equal(to_np(m), want)

@@ -239,7 +239,7 @@ def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
 def test_generic_cells_loop_over_the_callers_mask():
     """No fused kernel to keep: each direction runs Keras' masked loop on
     the mask as given (the backward one flipped, as Keras' Bidirectional);
-    with lengths=, on the right-padded mask of the lengths."""
+    with lengths=, the same with the right-padded mask of the lengths."""
     layer = MaskedBidirectional(keras.layers.RNN(keras.layers.GRUCell(U)))
     assert not layer.uses_fast_path
     assert not MaskedBidirectional(
@@ -254,8 +254,9 @@ def test_generic_cells_loop_over_the_callers_mask():
     lengths = mask.sum(1)
     layer(make_inputs(), lengths=lengths)
     assert len(seen) == 4
-    for m in seen[2:]:
-        np.testing.assert_array_equal(to_np(m), np.arange(T) < lengths[:, None])
+    right_padded = np.arange(T) < lengths[:, None]
+    np.testing.assert_array_equal(to_np(seen[2]), right_padded)
+    np.testing.assert_array_equal(to_np(seen[3]), right_padded[:, ::-1])
 
 
 def test_lstm_input_dropout_keeps_exact_cell_state():

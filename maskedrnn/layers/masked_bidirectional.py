@@ -55,8 +55,8 @@ class MaskedBidirectional(direction.MaskedWrapper):
     there; not with `use_cudnn=True`). That
     loop reads any mask: given `mask=`, both directions run on the data as
     it is, the backward one flipped as in Keras' `Bidirectional` (no
-    reordering; masked inputs zeroed); given `lengths=`, with their
-    right-padded mask. `uses_fast_path` tells
+    reordering; masked inputs zeroed); given `lengths=`, the same with
+    their right-padded mask. `uses_fast_path` tells
     which path a layer takes. On the torch backend on CPU, where Keras would
     step through time in Python, the unmasked inner RNNs run on PyTorch's
     native kernels instead (same equations; faster, see
@@ -256,20 +256,28 @@ class MaskedBidirectional(direction.MaskedWrapper):
             direction.runs_in_torch(inner, x, self.return_state, training)
             for inner in (self.forward_layer, self.backward_layer)
         )
+        loops = all(
+            direction.loops_over_mask(inner, x, self.return_state)
+            for inner in (self.forward_layer, self.backward_layer)
+        )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
             if in_torch:
                 mask = mops.sequence_mask(lengths, time)
                 return self._call_in_torch(x, mask, initial_state, bad_rows=bad_rows)
+            if loops:
+                # Keras' masked loop reads the right-padded mask of the
+                # lengths as any mask: no reordering, no per-row reversal.
+                mask = mops.sequence_mask(lengths, time)
+                return self._call_masked_loops(
+                    x, mask, initial_state, training, bad_rows
+                )
             steps = direction.Steps.from_lengths(lengths, time)
         elif mask is not None:
             mask = _checks.check_mask(mask, x)
             if in_torch:
                 return self._call_in_torch(x, mask, initial_state)
-            if all(
-                direction.loops_over_mask(inner, x, self.return_state)
-                for inner in (self.forward_layer, self.backward_layer)
-            ):
+            if loops:
                 # Keras' masked loop reads the mask as it is: no reordering.
                 return self._call_masked_loops(x, mask, initial_state, training)
             steps = direction.Steps.from_mask(mask)
@@ -313,10 +321,11 @@ class MaskedBidirectional(direction.MaskedWrapper):
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
         return self._returned(outputs, bad_rows)
 
-    def _call_masked_loops(self, x, mask, initial_state, training):
+    def _call_masked_loops(self, x, mask, initial_state, training, bad_rows=None):
         """Both directions in Keras' masked loop, in the caller's order
         (`direction.run_masked_loop`): the backward one over the flipped
-        time axis and mask, as Keras' `Bidirectional` runs it."""
+        time axis and mask, as Keras' `Bidirectional` runs it. `bad_rows`
+        as `_returned`'s."""
         fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         fwd_y, fwd_states = direction.run_masked_loop(
             self.forward_layer, x, mask, fwd_state, training
@@ -332,7 +341,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
         if not self.return_state:
             fwd_states = bwd_states = []
         outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        return self._returned(outputs)
+        return self._returned(outputs, bad_rows)
 
     def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
         """The list of outputs: the two directions merged by `merge_mode`,

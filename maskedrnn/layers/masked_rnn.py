@@ -47,7 +47,8 @@ class MaskedRNN(direction.MaskedWrapper):
     the JAX backend without a GPU (JAX has no fused RNN kernel there; not
     with `use_cudnn=True`). That loop reads any mask,
     so given `mask=` it runs on the data as it is (no reordering; masked
-    inputs zeroed); given `lengths=`, with their right-padded mask.
+    inputs zeroed); given `lengths=`, the same with their right-padded
+    mask.
     `kernel_info()` says which code runs and why.
 
     Semantics (those of the wrapped layer under a mask, on TensorFlow and
@@ -186,6 +187,13 @@ class MaskedRNN(direction.MaskedWrapper):
         ) and direction.runs_in_torch(self.layer, x, self.return_state, training)
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
+            if not in_torch and direction.loops_over_mask(
+                self.layer, x, self.return_state
+            ):
+                # Keras' masked loop reads the right-padded mask of the
+                # lengths as any mask (below): no valid-first machinery.
+                mask, lengths = mops.sequence_mask(lengths, time), None
+        if lengths is not None:
             if in_torch:
                 how = "torch"
                 read_mask = mops.sequence_mask(lengths, time)
