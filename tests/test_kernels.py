@@ -32,6 +32,7 @@ from maskedrnn.layers import kernels
 from tests.helpers import (
     BACKEND,
     assert_close,
+    flat,
     lengths_to_mask,
     loss_and_grads,
     oracle_pair,
@@ -204,6 +205,39 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
     why = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
     for sentence in ours.kernel_info().values():
         assert "masked step loop" in sentence and why in sentence
+
+
+@tf_or_jax
+@pytest.mark.jax_cpu_masked_loop
+@pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
+def test_bad_lengths_in_compiled_code_poison_their_rows_in_the_masked_loop(
+    wrapper,
+):
+    """`lengths=` on Keras' masked loop (an LSTM returning states, on
+    TensorFlow or JAX without a GPU): in compiled code (`tf.function`,
+    `jax.jit`), where lengths cannot be checked, a too-long and a negative
+    length give NaN in every output and state of their rows, and the other
+    rows equal the eager results (as on every other path,
+    tests/test_bad_input.py)."""
+    if keras_has_gpu():
+        pytest.skip("a GPU is visible: the LSTM runs unmasked there")
+    lstm = keras.layers.LSTM(U, return_sequences=True, return_state=True)
+    layer = MaskedRNN(lstm) if wrapper == "rnn" else MaskedBidirectional(lstm)
+    x_in, lengths_in = keras.Input((None, D)), keras.Input((), dtype="int32")
+    model = keras.Model([x_in, lengths_in], layer(x_in, lengths=lengths_in))
+    # Compiled: tf.function on TensorFlow; jax.jit on JAX (jit_compile).
+    model.compile(jit_compile=BACKEND == "jax")
+    for sentence in layer.kernel_info().values():
+        assert "masked step loop" in sentence
+    x = np.random.default_rng(3).standard_normal((4, T, D)).astype("float32")
+    lengths = np.array([2, T + 3, 1, -1], "int32")
+    outs = model.predict([x, lengths], verbose=0)
+    good = np.array([0, 2])
+    expected = layer(x[good], lengths=lengths[good])
+    for out, exp in zip(flat(outs), flat(expected)):
+        out = to_np(out)
+        assert np.all(np.isnan(out[[1, 3]])), "bad rows gave numbers silently"
+        np.testing.assert_allclose(out[good], to_np(exp), atol=1e-5)
 
 
 @jax_only
