@@ -252,13 +252,21 @@ class MaskedBidirectional(direction.MaskedWrapper):
             return self._empty_batch_outputs(x)
         time = ops.shape(x)[1]
         bad_rows = None
-        in_torch = (mask is not None or lengths is not None) and all(
+        inners = (self.forward_layer, self.backward_layer)
+        masked = mask is not None or lengths is not None
+        in_torch = masked and all(
             direction.runs_in_torch(inner, x, self.return_state, training)
-            for inner in (self.forward_layer, self.backward_layer)
+            for inner in inners
         )
-        loops = all(
-            direction.loops_over_mask(inner, x, self.return_state)
-            for inner in (self.forward_layer, self.backward_layer)
+        # Whether Keras' masked loop runs both directions (asked only when a
+        # mask or lengths is given and the torch kernels do not run).
+        loops = (
+            masked
+            and not in_torch
+            and all(
+                direction.loops_over_mask(inner, x, self.return_state)
+                for inner in inners
+            )
         )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)

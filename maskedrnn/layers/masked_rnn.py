@@ -182,14 +182,18 @@ class MaskedRNN(direction.MaskedWrapper):
         time = ops.shape(x)[1]
         bad_rows = read_mask = None
         how = "valid_first"
-        in_torch = (
-            mask is not None or lengths is not None
-        ) and direction.runs_in_torch(self.layer, x, self.return_state, training)
+        masked = mask is not None or lengths is not None
+        in_torch = masked and direction.runs_in_torch(
+            self.layer, x, self.return_state, training
+        )
+        loops = (
+            masked
+            and not in_torch
+            and direction.loops_over_mask(self.layer, x, self.return_state)
+        )
         if lengths is not None:
             lengths, bad_rows = _checks.check_lengths(lengths, x)
-            if not in_torch and direction.loops_over_mask(
-                self.layer, x, self.return_state
-            ):
+            if loops:
                 # Keras' masked loop reads the right-padded mask of the
                 # lengths as any mask (below): no valid-first machinery.
                 mask, lengths = mops.sequence_mask(lengths, time), None
@@ -219,7 +223,7 @@ class MaskedRNN(direction.MaskedWrapper):
                 steps = direction.Steps.full(ops.shape(x)[0], time)
             elif in_torch:
                 how, read_mask = "torch", mask
-            elif direction.loops_over_mask(self.layer, x, self.return_state):
+            elif loops:
                 # Keras' masked loop reads the mask as it is: no reordering.
                 how = "masked_loop"
             else:
