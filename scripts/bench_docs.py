@@ -73,10 +73,11 @@ def _load(path):
         return json.load(f)
 
 
-def _cell(value, target):
-    if target is None:
+def _cell(value, limit):
+    """The cell of a rounded ratio `value` (a string), with its verdict when
+    the row has a target `limit` (a float, else None)."""
+    if limit is None:
         return value
-    limit = float(target.removeprefix("≤ "))
     if float(value) <= limit:
         return f"{value} met"
     return f"{value} **missed** by {float(value) - limit:.2f}"
@@ -92,14 +93,14 @@ def _ratio_table(table, counts):
         results = _load(row["JSON"].strip("`"))
         ratio = row["ratio"].strip("`")
         target = row.get("target")
+        limit = None if target is None else float(target.removeprefix("≤ "))
         intervals = []
         for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
             value = f"{results['ratios'][mode][ratio]:.2f}"
-            cells[header.index(column)] = _cell(value, target)
+            cells[header.index(column)] = _cell(value, limit)
             low, high = report.ratio_interval(results["rows"], mode, ratio)
             intervals.append(f"{low:.2f}–{high:.2f}")
-            if target is not None:
-                limit = float(target.removeprefix("≤ "))
+            if limit is not None:
                 met = cells[header.index(column)].endswith("met")
                 counts.append((met, low <= limit))
         if INTERVAL in header:

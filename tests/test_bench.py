@@ -612,18 +612,25 @@ def test_every_ratio_quoted_in_benchmarks_page_is_its_committed_json():
     assert checked == 24, "expected 12 target rows, each fwd+bwd and fwd"
 
 
-def test_bench_docs_script_reproduces_the_page():
-    """`scripts/bench_docs.py` (how the tables are rewritten after a
-    measurement) leaves the committed page as it is."""
+def _script(name):
+    """The module of `scripts/<name>.py` (the scripts are not a package)."""
     import importlib.util
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(
-        "bench_docs", root / "scripts" / "bench_docs.py"
-    )
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_docs_script_reproduces_the_page():
+    """`scripts/bench_docs.py` (how the tables are rewritten after a
+    measurement) leaves the committed page as it is."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    module = _script("bench_docs")
     page = (root / "docs" / "benchmarks.md").read_text()
     assert module.rewrite(page) == page
     # And it does rewrite: a wrong figure is put right.
@@ -700,15 +707,7 @@ def test_bench_runs_summary_counts_rounds_that_met_the_target():
     rounded to 2 digits (as the docs' verdicts) met the target; numpy is
     the oracle, on made-up rounds. The docs' `bench-runs` tables are this
     summary (`scripts/bench_docs.py`, test above)."""
-    import importlib.util
-    import pathlib
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location(
-        "bench_runs", root / "scripts" / "bench_runs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("bench_runs")
     series = [0.996, 1.004, 1.006, 1.03, 0.97]  # 1.004 rounds to 1.00: met
     rounds = [
         {"x": {"ratios": {"infer": {"maskedrnn/keras_masked": v, "other": 2.0}}}}
