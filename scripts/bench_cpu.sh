@@ -7,6 +7,8 @@
 # Each run is its own process (the Keras backend and the thread pools are fixed
 # at start). Takes well over half an hour on a 2-core machine.
 #   scripts/bench_cpu.sh [NAME...]     # default: all; NAME e.g. torch-lstm, jax-gru-full-small
+# BENCH_ARGS, if set, is added to every run's options (scripts/bench_runs.py
+# passes each round's --order-seed this way).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -66,7 +68,7 @@ for name in "${names[@]}"; do
   spec=${RUNS[$name]:-}
   [ -n "$spec" ] || { echo "unknown run $name" >&2; exit 2; }
   backend=${spec%% *}
-  args=${spec#* }
+  args="${spec#* }${BENCH_ARGS:+ $BENCH_ARGS}"
   echo "=== $name: KERAS_BACKEND=$backend python -m maskedrnn.bench $args --json docs/results/cpu-$name.json"
   # shellcheck disable=SC2086
   KERAS_BACKEND=$backend "$PY" -m maskedrnn.bench $args --json "docs/results/cpu-$name.json" \

@@ -14,6 +14,14 @@ the target (`--target RATIO=LIMIT`, e.g. `maskedrnn/keras_masked=1.0`).
 Each round rewrites `docs/results/cpu-<run>.json` / `.txt`: the last
 round's files stay, as `scripts/bench_cpu.sh` leaves them.
 
+Round k (from 0) times its cases in the orders of `--order-seed k`: one
+bench run takes a new random order each repeat, but the same sequence of
+orders for the same seed, so with one seed for every round an order that
+happens to favour one case would favour it in every round. Before each
+round, `python_probe_ms` times a fixed pure-Python workload in this
+process (`python_probe`): how fast the shared machine runs Python at the
+time, which moves the torch figures that Python overhead decides.
+
     python scripts/bench_runs.py --rounds 10 \\
         --target maskedrnn/keras_masked=1.0 \\
         --out docs/results/runs-jax-rnn.json \\
@@ -23,9 +31,11 @@ round's files stay, as `scripts/bench_cpu.sh` leaves them.
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -35,19 +45,45 @@ sys.path.insert(0, str(ROOT))
 from maskedrnn.bench.report import ratio_interval  # noqa: E402
 
 
-def one_round(names):
-    """Runs `scripts/bench_cpu.sh` once for `names`; returns, per name, its
-    ratios, intervals and load."""
+def python_probe(repeats=5):
+    """Milliseconds a fixed pure-Python workload takes here now (median of
+    `repeats`): function calls, attribute and dict lookups, as the Python
+    around a kernel does."""
+
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    def step(box, table):
+        table[box.value % 7] = table.get(box.value % 7, 0) + 1
+        return Box(box.value + 1)
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        box, table = Box(0), {}
+        for _ in range(20_000):
+            box = step(box, table)
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
+def one_round(names, order_seed=0):
+    """Runs `scripts/bench_cpu.sh` once for `names`, its cases timed in the
+    orders of `order_seed`; returns, per name, its ratios, intervals and
+    load."""
     subprocess.run(
         ["bash", str(ROOT / "scripts" / "bench_cpu.sh"), *names],
         check=True,
         stdout=subprocess.DEVNULL,
+        env={**os.environ, "BENCH_ARGS": f"--order-seed {order_seed}"},
     )
     found = {}
     for name in names:
         with open(ROOT / "docs" / "results" / f"cpu-{name}.json") as f:
             results = json.load(f)
         found[name] = {
+            "order_seed": results["config"]["order_seed"],
             "load_average_1m": results["environment"]["load_average_1m"],
             "ratios": results["ratios"],
             "intervals": {
@@ -97,9 +133,10 @@ def main(argv=None):
         pair, _, limit = spec.partition("=")
         targets[pair] = float(limit)
     started = datetime.datetime.now(datetime.timezone.utc)
-    rounds = []
+    rounds, probes = [], []
     for k in range(args.rounds):
-        rounds.append(one_round(args.names))
+        probes.append(python_probe())
+        rounds.append(one_round(args.names, order_seed=k))
         print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     result = {
         "command": "python scripts/bench_runs.py " + " ".join(argv or sys.argv[1:]),
@@ -108,11 +145,16 @@ def main(argv=None):
             timespec="seconds"
         ),
         "names": args.names,
+        "python_probe_ms": probes,
         "rounds": rounds,
         "summary": summarize(rounds, args.names, targets),
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    print(
+        f"python probe: median {np.median(probes):.1f} ms "
+        f"(min {min(probes):.1f}, max {max(probes):.1f})"
+    )
     for name in args.names:
         for mode, values in result["summary"][name].items():
             for pair, s in values.items():

@@ -719,3 +719,102 @@ def test_bench_runs_summary_counts_rounds_that_met_the_target():
     assert (entry["min"], entry["max"]) == (0.97, 1.03)
     assert entry["rounds_met"] == 3 and entry["target"] == 1.0
     assert "rounds_met" not in summary["x"]["infer"]["other"]
+
+
+def test_case_orders_time_every_case_once_a_repeat_and_repeat_per_seed():
+    """Each repeat times every case once, in a new order; the same
+    `--order-seed` gives the same orders (numpy's own permutations of that
+    seed: what the runs before the option was added used, with seed 0) and
+    another seed other orders."""
+    from maskedrnn.bench import timing
+
+    orders = timing.case_orders(6, 20, seed=0)
+    assert len(orders) == 20
+    for permutation in orders:
+        assert sorted(permutation) == list(range(6))
+    assert len({tuple(p) for p in orders}) > 1
+    rng = np.random.default_rng(0)
+    assert [list(p) for p in orders] == [list(rng.permutation(6)) for _ in range(20)]
+    assert [list(p) for p in timing.case_orders(6, 20, seed=0)] == [
+        list(p) for p in orders
+    ]
+    assert [list(p) for p in timing.case_orders(6, 20, seed=1)] != [
+        list(p) for p in orders
+    ]
+
+
+def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_path):
+    from maskedrnn.bench import timing
+
+    seen = []
+    real = timing.case_orders
+
+    def spy(cases, repeats, seed=0):
+        seen.append(seed)
+        return real(cases, repeats, seed)
+
+    monkeypatch.setattr(timing, "case_orders", spy)
+    turn_off_jax_cpu_rule(monkeypatch)
+    path = tmp_path / "r.json"
+    impl = ["--impl", "keras_masked", "--mode", "infer"]
+    bench.main(TINY + QUICK + impl + ["--order-seed", "5", "--json", str(path)])
+    assert seen == [5]
+    with open(path) as f:
+        assert json.load(f)["config"]["order_seed"] == 5
+
+
+def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
+    """`scripts/bench_runs.py` end to end on a copy of the scripts, with a
+    stand-in for `python -m maskedrnn.bench` (PYTHON, which
+    `scripts/bench_cpu.sh` runs) that records its arguments and writes a
+    result: round k runs the run's own options plus `--order-seed k`, the
+    JSON records each round's seed and a Python probe per round, and the
+    summary is over the rounds' ratios."""
+    import os
+    import pathlib
+    import shutil
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    for name in ("bench_cpu.sh", "bench_runs.py"):
+        shutil.copy(root / "scripts" / name, tmp_path / "scripts" / name)
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "fake_python"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        "argv = sys.argv[1:]\n"
+        f"open({str(calls)!r}, 'a').write(' '.join(argv) + '\\n')\n"
+        "seed = int(argv[argv.index('--order-seed') + 1])\n"
+        "rows = [{'impl': i, 'mode': 'infer', 'times_ms': [1.0 + 0.1 * seed] * 3}\n"
+        "        for i in ('maskedrnn', 'keras_masked')]\n"
+        "ratio = 1.0 + 0.01 * seed\n"
+        "json.dump({'config': {'order_seed': seed},\n"
+        "           'environment': {'load_average_1m': 0.5},\n"
+        "           'ratios': {'infer': {'maskedrnn/keras_masked': ratio}},\n"
+        "           'rows': rows}, open(argv[argv.index('--json') + 1], 'w'))\n"
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "runs.json"
+    env = {**os.environ, "PYTHON": str(fake), "PYTHONPATH": str(root)}
+    script = tmp_path / "scripts" / "bench_runs.py"
+    options = ["--rounds", "3", "--target", "maskedrnn/keras_masked=1.0"]
+    subprocess.run(
+        [sys.executable, str(script), *options, "--out", str(out), "jax-rnn-gru"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 3
+    for k, line in enumerate(lines):
+        assert line.startswith("-m maskedrnn.bench --layer rnn --batch 32 ")
+        assert f"--cell gru --order-seed {k} --json " in line
+    runs = json.loads(out.read_text())
+    assert [r["jax-rnn-gru"]["order_seed"] for r in runs["rounds"]] == [0, 1, 2]
+    assert len(runs["python_probe_ms"]) == 3
+    assert all(ms > 0 for ms in runs["python_probe_ms"])
+    entry = runs["summary"]["jax-rnn-gru"]["infer"]["maskedrnn/keras_masked"]
+    assert (entry["min"], entry["max"], entry["rounds_met"]) == (1.0, 1.02, 1)

@@ -273,7 +273,23 @@ def build_parser():
         "profiler (torch.profiler / jax.profiler) and list the RNN kernels "
         "it ran (CUDA kernel names on a GPU) in the table and the JSON",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the lengths, the holes, the data and the weights "
+        "(default 0)",
+    )
+    parser.add_argument(
+        "--order-seed",
+        type=int,
+        default=0,
+        help="seed of the order the cases are timed in: a new random order "
+        "every repeat, the same sequence of orders for the same seed "
+        "(default 0; scripts/bench_runs.py gives each round its own, so "
+        "that an order that favours one case does not repeat in every "
+        "round)",
+    )
     parser.add_argument("--json", metavar="FILE", help="write results as JSON")
     parser.add_argument(
         "--plot", metavar="FILE.png", help="bar chart of the medians (matplotlib)"

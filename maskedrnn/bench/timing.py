@@ -322,6 +322,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "warmup": settings["warmup"],
             "preset": settings["preset"],
             "seed": args.seed,
+            "order_seed": getattr(args, "order_seed", 0),
             "return_state": args.return_state,
             "profile": bool(getattr(args, "profile", False)),
         },
@@ -355,6 +356,30 @@ def _to_numpy(harness, result, mode):
         return harness.numpy(payload), None
     y, grads = payload
     return harness.numpy(y), [harness.numpy(g) for g in grads]
+
+
+def case_orders(cases, repeats, seed=0):
+    """The order the bench times its `cases` in, one permutation per repeat.
+
+    Every case once per repeat, so slow drifts hit all cases alike, in a
+    new random order each time, so that no case always follows the same
+    one: a step timed right after a training step of another
+    implementation finds the caches and the allocator in another state
+    than one timed after a small inference step (a fixed rotation made the
+    first inference case always follow the last training case). The same
+    `seed` (`--order-seed`) gives the same orders; `scripts/bench_runs.py`
+    gives each of its rounds another.
+
+    Args:
+        cases: Int, how many cases are timed.
+        repeats: Int, how many times each is timed.
+        seed: Int, seed of the orders. Defaults to `0`.
+
+    Returns:
+        A list of `repeats` permutations of `range(cases)`.
+    """
+    rng = np.random.default_rng(seed)
+    return [rng.permutation(cases) for _ in range(repeats)]
 
 
 def _time_all(harness, impls, modes, make_step, settings, args):
@@ -398,15 +423,10 @@ def _time_all(harness, impls, modes, make_step, settings, args):
             progress.step(f"warm-up {mode} {name}")
 
     times = {case: [] for case in cases}
-    # Every case once per repeat, so slow drifts hit all cases alike, in a
-    # new random order each time (seeded), so that no case always follows
-    # the same one: a step timed right after a training step of another
-    # implementation finds the caches and the allocator in another state
-    # than one timed after a small inference step (a fixed rotation made
-    # the first inference case always follow the last training case).
-    order = np.random.default_rng(0)
-    for r in range(repeats):
-        for i in order.permutation(len(cases)):
+    for permutation in case_orders(
+        len(cases), repeats, getattr(args, "order_seed", 0)
+    ):
+        for i in permutation:
             name, mode = cases[i]
             step = steps[name, mode]
             start = time.perf_counter()
