@@ -17,7 +17,9 @@ round's files stay, as `scripts/bench_cpu.sh` leaves them.
 Round k (from 0) times its cases in the orders of `--order-seed k`: one
 bench run takes a new random order each repeat, but the same sequence of
 orders for the same seed, so with one seed for every round an order that
-happens to favour one case would favour it in every round. Before each
+happens to favour one case would favour it in every round (`--same-order`
+runs every round with `--order-seed 0`, as the bench's own default and
+the rounds before this option: the control). Before each
 round, `python_probe_ms` times a fixed pure-Python workload in this
 process (`python_probe`): how fast the shared machine runs Python at the
 time, which moves the torch figures that Python overhead decides.
@@ -127,6 +129,11 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--target", action="append", default=[])
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--same-order",
+        action="store_true",
+        help="every round with --order-seed 0 (default: round k with k)",
+    )
     args = parser.parse_args(argv)
     targets = {}
     for spec in args.target:
@@ -136,7 +143,7 @@ def main(argv=None):
     rounds, probes = [], []
     for k in range(args.rounds):
         probes.append(python_probe())
-        rounds.append(one_round(args.names, order_seed=k))
+        rounds.append(one_round(args.names, order_seed=0 if args.same_order else k))
         print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     result = {
         "command": "python scripts/bench_runs.py " + " ".join(argv or sys.argv[1:]),

@@ -769,7 +769,8 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     `scripts/bench_cpu.sh` runs) that records its arguments and writes a
     result: round k runs the run's own options plus `--order-seed k`, the
     JSON records each round's seed and a Python probe per round, and the
-    summary is over the rounds' ratios."""
+    summary is over the rounds' ratios; `--same-order` runs every round
+    with seed 0 (the control)."""
     import os
     import pathlib
     import shutil
@@ -818,3 +819,14 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     assert all(ms > 0 for ms in runs["python_probe_ms"])
     entry = runs["summary"]["jax-rnn-gru"]["infer"]["maskedrnn/keras_masked"]
     assert (entry["min"], entry["max"], entry["rounds_met"]) == (1.0, 1.02, 1)
+    # The control: every round in the orders of --order-seed 0.
+    subprocess.run(
+        [sys.executable, str(script), *options, "--out", str(out), "--same-order"]
+        + ["jax-rnn-gru"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    runs = json.loads(out.read_text())
+    assert [r["jax-rnn-gru"]["order_seed"] for r in runs["rounds"]] == [0, 0, 0]
+    assert calls.read_text().splitlines()[3:] == [lines[0]] * 3
