@@ -198,7 +198,11 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
         np.testing.assert_array_equal(to_np(m), want)
     loss, grads = loss_and_grads(ours, x, **ours_kwargs)
     ref_loss, ref_grads = loss_and_grads(ref, x, mask=mask)
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    # The loss is a signed sum (fixed pattern, unseeded weights) that can sit
+    # near 0, and the two losses differ by float32 rounding (up to 1e-6 over
+    # 40 weight draws of holes-bidirectional-gru, |loss| down to 0.12): rtol
+    # alone failed once; an absolute tolerance, as every other loss check.
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-4)
     for g, want in zip(grads, ref_grads):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
     # An LSTM returning states gives the older reason (`states_reason`).
