@@ -200,8 +200,9 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
     ref_loss, ref_grads = loss_and_grads(ref, x, mask=mask)
     # The loss is a signed sum (fixed pattern, unseeded weights) that can sit
     # near 0, and the two losses differ by float32 rounding (up to 1e-6 over
-    # 40 weight draws of holes-bidirectional-gru, |loss| down to 0.12): rtol
-    # alone failed once; an absolute tolerance, as every other loss check.
+    # 40 weight draws of holes-bidirectional-gru, |loss| down to 0.12), so
+    # rtol alone can fail (the likely cause of one failure never reproduced):
+    # an absolute tolerance, as every other loss check.
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-4)
     for g, want in zip(grads, ref_grads):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
