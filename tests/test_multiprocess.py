@@ -26,9 +26,13 @@ have timeouts and exit by themselves.
 
 import json
 import os
+import pathlib
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import keras
 import numpy as np
@@ -40,7 +44,8 @@ from tests.helpers import BACKEND, ROOT
 B, T, D, U = 8, 5, 3, 4
 EPOCHS = 3
 LR = 0.1
-TIMEOUT = 420
+TIMEOUT = 420  # seconds for a whole run of the workers
+GRACE = 30  # seconds the peers of a failed worker get before they are killed
 
 # Shared by the workers: the model, and this worker's rows of each batch.
 COMMON = r"""
@@ -148,13 +153,16 @@ model = build()
 model.set_weights(weights)
 history = model.fit([x[MINE], lengths[MINE]], y[MINE], batch_size=PER,
                     epochs=EPOCHS, shuffle=False, verbose=0)
-report(model, history.history["loss"], len(jax.devices()))
+replicas = len(jax.devices())
 jax.distributed.shutdown()
+report(model, history.history["loss"], replicas)
 """
 )
 
 TORCH_WORKER = (
     r"""
+import datetime
+import gc
 import os
 
 import torch
@@ -162,7 +170,8 @@ import torch.distributed as dist
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=os.environ["COORDINATOR"],
-                        rank=int(os.environ["RANK"]), world_size=2)
+                        rank=int(os.environ["RANK"]), world_size=2,
+                        timeout=datetime.timedelta(seconds=120))
 """
     + COMMON
     + r"""
@@ -184,8 +193,15 @@ for _ in range(EPOCHS):
         dist.all_reduce(both)
         values.append(float(both) / 2)
     losses.append(sum(values) / len(values))
-report(model, losses, dist.get_world_size())
+replicas = dist.get_world_size()
+# A clean teardown: no rank leaves while the other still communicates, and
+# nothing that holds gloo work (DDP's reducer, its buckets) outlives the
+# process group into interpreter shutdown, where gloo's threads abort.
+dist.barrier()
+del ddp, optimizer, pred, loss, both
+gc.collect()
 dist.destroy_process_group()
+report(model, losses, replicas)
 """
 )
 
@@ -227,16 +243,9 @@ def free_ports(n):
     return ports
 
 
-def run_workers(script, envs, tmp_path):
-    """Starts one `python -c script` per env (with the data file), waits for
-    all (killing every worker after TIMEOUT seconds) and returns their JSON."""
-    keras.utils.set_random_seed(0)
-    model = build_model()
-    x, lengths, y = make_data()
-    weights = model.get_weights()
-    data = tmp_path / "data.npz"
-    arrays = {f"w{i}": w for i, w in enumerate(weights)}
-    np.savez(data, x=x, lengths=lengths, y=y, n_weights=len(weights), **arrays)
+def start_workers(script, envs, data):
+    """One `python -c script` per env, each the leader of its own process
+    group (so that killing it kills whatever it started)."""
     procs = []
     for rank, extra in enumerate(envs):
         env = dict(
@@ -246,6 +255,7 @@ def run_workers(script, envs, tmp_path):
             CUDA_VISIBLE_DEVICES="",
             TF_CPP_MIN_LOG_LEVEL="3",
             PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
             RANK=str(rank),
             DATA=str(data),
             **extra,
@@ -258,20 +268,75 @@ def run_workers(script, envs, tmp_path):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                start_new_session=True,
             )
         )
-    outputs = []
+    return procs
+
+
+def wait_for_workers(procs, timeout=TIMEOUT, grace=GRACE):
+    """Waits for every worker; returns `[(returncode, stdout, stderr)]`.
+
+    A worker that fails leaves its peers blocked in a collective: they get
+    `grace` seconds to finish, then are killed, and so is every worker still
+    running after `timeout` seconds. No process outlives this call: each
+    worker's whole process group is killed. Output is read in threads, so a
+    full pipe never blocks a worker.
+    """
+    outputs = [None] * len(procs)
+
+    def read(i):
+        outputs[i] = procs[i].communicate()
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in range(len(procs))]
+    for r in readers:
+        r.start()
+    deadline = time.monotonic() + timeout
     try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=TIMEOUT))
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                deadline = min(deadline, time.monotonic() + grace)
+            time.sleep(0.2)
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for p, (_, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the worker and its children
+            except ProcessLookupError:
+                pass
+        for r in readers:
+            r.join()
+    return [(p.returncode, *out) for p, out in zip(procs, outputs)]
+
+
+def describe(rank, returncode, err):
+    if returncode == -signal.SIGKILL:
+        how = "was killed (it outlived a failed peer or the time limit)"
+    elif returncode < 0:
+        how = f"died of signal {signal.Signals(-returncode).name}"
+    else:
+        how = f"exited with status {returncode}"
+    return f"worker {rank} {how}; its stderr ends with:\n{err[-3000:]}"
+
+
+def run_workers(script, envs, tmp_path):
+    """Starts one `python -c script` per env (with the data file), waits for
+    all (see `wait_for_workers`) and returns their JSON reports, the
+    single-process oracle's losses and its weights."""
+    keras.utils.set_random_seed(0)
+    model = build_model()
+    x, lengths, y = make_data()
+    weights = model.get_weights()
+    data = tmp_path / "data.npz"
+    arrays = {f"w{i}": w for i, w in enumerate(weights)}
+    np.savez(data, x=x, lengths=lengths, y=y, n_weights=len(weights), **arrays)
+    finished = wait_for_workers(start_workers(script, envs, data))
+    failed = [
+        describe(rank, code, err)
+        for rank, (code, _, err) in enumerate(finished)
+        if code != 0
+    ]
+    assert not failed, "\n\n".join(failed)
+    results = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in finished]
 
     # The oracle: one process, the same global batches.
     model.set_weights(weights)
@@ -327,3 +392,38 @@ def test_torch_distributed_ddp_two_processes(tmp_path):
     (port,) = free_ports(1)
     envs = [{"COORDINATOR": f"tcp://127.0.0.1:{port}"}] * 2
     assert_replicas_match_single_process(*run_workers(TORCH_WORKER, envs, tmp_path))
+
+
+def test_a_failed_worker_ends_the_run_with_its_message(tmp_path):
+    """The launcher itself: rank 0 fails at once while rank 1 (and a child
+    it started) would block for ten minutes, as a peer blocked in a
+    collective would. The run ends after the grace period with rank 0's
+    status and stderr, and neither rank 1 nor its child survives."""
+    child_pid = tmp_path / "child.pid"
+    script = (
+        "import os, subprocess, sys, time\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    sys.exit('rank 0 gives up')\n"
+        "sleeper = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+        "child = subprocess.Popen(sleeper)\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    start = time.monotonic()
+    finished = wait_for_workers(
+        start_workers(script, [{}, {}], tmp_path / "unused.npz"), timeout=60, grace=3
+    )
+    assert time.monotonic() - start < 30
+    (code0, _, err0), (code1, _, _) = finished
+    assert code0 == 1 and "rank 0 gives up" in err0
+    assert code1 == -signal.SIGKILL
+    assert "worker 0 exited with status 1" in describe(0, code0, err0)
+    assert "was killed" in describe(1, code1, "")
+    stat = pathlib.Path(f"/proc/{int(child_pid.read_text())}/stat")
+    for _ in range(50):  # the kill is asynchronous: wait for the child to go
+        # Gone, or a zombie (dead, waiting for its new parent to reap it).
+        if not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z":
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the child of the killed worker still runs: {stat.read_text()}")
