@@ -11,8 +11,19 @@ this).
 # `bidirectional_lstm/gru`): the bench's kernel spies patch its functions.
 from keras.src import backend as keras_src_backend  # noqa: F401
 
-# Reads the mask a layer attached to a tensor: Keras 3 has no public accessor.
-from keras.src.backend import get_keras_mask  # noqa: F401
+# Read and attach the mask a layer carries on a tensor (Keras 3 has no public
+# accessor). Their home in every supported Keras, 3.10 through 3.16; up to
+# 3.15 `keras.src.backend` re-exported them too, 3.16 does not.
+# isort: off
+from keras.src.backend.common.masking import get_keras_mask  # noqa: F401
+from keras.src.backend.common.masking import set_keras_mask  # noqa: F401
+# isort: on
+
+# The modules of Keras' GRU, LSTM and RNN layers: the tests replace the backend
+# functions those layers call (`backend.gru`, ...) where these modules see them.
+from keras.src.layers.rnn import gru as keras_gru_module  # noqa: F401
+from keras.src.layers.rnn import lstm as keras_lstm_module  # noqa: F401
+from keras.src.layers.rnn import rnn as keras_rnn_module  # noqa: F401
 
 # The ConvLSTM1D/2D/3D base class, refused by the wrappers (no public base).
 from keras.src.layers.rnn.conv_lstm import ConvLSTM  # noqa: F401
@@ -31,25 +42,17 @@ from keras.src.models.functional import Functional  # noqa: F401
 
 
 def keras_backend_rnn(backend):
-    """`keras.src.backend.<backend>.rnn` for "tensorflow" or "jax".
+    """`keras.src.backend.<backend>.rnn` for "tensorflow", "jax" or "torch".
 
     Its `_is_gpu_available()` is the test Keras' own `lstm`/`gru` make before
     trying cuDNN; `maskedrnn._backend.has_fused_rnn_kernel` asks the same one,
-    so that both agree (and a test that fakes a GPU fakes it for both).
+    so that both agree (and a test that fakes a GPU fakes it for both). The
+    bench spies on the torch module's `_cudnn_lstm/gru` (Keras' cuDNN call)
+    and `_fallback_lstm/gru` (its Python loop), which Keras' torch backend
+    chooses between without saying which ran. Imported by name: the package
+    `keras.src.backend.torch` re-exports a function called `rnn`.
     """
     import importlib
 
     return importlib.import_module(f"keras.src.backend.{backend}.rnn")
 
-
-def keras_torch_rnn():
-    """`keras.src.backend.torch.rnn` (imports torch, so only on request).
-
-    The bench spies on its `_cudnn_lstm/gru` (Keras' cuDNN call) and
-    `_fallback_lstm/gru` (its Python loop), which Keras' torch backend
-    chooses between without saying which ran. (Imported by name: the package
-    `keras.src.backend.torch` re-exports a function called `rnn`.)
-    """
-    import importlib
-
-    return importlib.import_module("keras.src.backend.torch.rnn")

@@ -45,14 +45,15 @@ layers), so both paths stay proven.
 import inspect
 
 import keras
-import keras.src.backend as keras_backend
 import numpy as np
 import pytest
-from keras.src.layers.rnn import gru as gru_module
-from keras.src.layers.rnn import lstm as lstm_module
-from keras.src.layers.rnn import rnn as rnn_module
 
 from maskedrnn import MaskedBidirectional
+from maskedrnn._keras_private import get_keras_mask
+from maskedrnn._keras_private import keras_gru_module as gru_module
+from maskedrnn._keras_private import keras_lstm_module as lstm_module
+from maskedrnn._keras_private import keras_rnn_module as rnn_module
+from maskedrnn._keras_private import keras_src_backend as keras_backend
 from maskedrnn.layers import kernels as kernels_module
 from tests.helpers import to_np
 
@@ -269,7 +270,7 @@ def test_eager_inner_rnns_get_no_mask(spies, kernels, cell, how):
         embedding = keras.layers.Embedding(VOCAB, D, mask_zero=True)
         x = embedding(TOKENS)  # carries a Keras mask, which fills `mask=`
         mask = TOKENS != 0
-        assert keras.src.backend.get_keras_mask(x) is not None
+        assert get_keras_mask(x) is not None
         for spy in spies.values():
             spy.clear()
         y = ours(x)

@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, bench
+from maskedrnn._keras_private import keras_backend_rnn
 from maskedrnn.bench import kernels
 from tests.helpers import to_np
 
@@ -65,7 +66,7 @@ def functions(calls):
 
 
 def test_recorder_restores_everything_and_summarizes():
-    from keras.src import backend as keras_backend
+    from maskedrnn._keras_private import keras_src_backend as keras_backend
 
     before = {n: getattr(keras_backend, n) for n in ("lstm", "gru", "rnn")}
     layer = keras.layers.Bidirectional(keras.layers.GRU(U, return_sequences=True))
@@ -110,7 +111,7 @@ def fake_cuda(monkeypatch):
     """Returns `to_fake(array)`: a CPU tensor that says it is on CUDA."""
     import torch
 
-    torch_rnn = importlib.import_module("keras.src.backend.torch.rnn")
+    torch_rnn = keras_backend_rnn("torch")
 
     class FakeCuda(torch.Tensor):
         @property
@@ -125,7 +126,7 @@ def fake_cuda(monkeypatch):
 def cudnn_weights_stay_on_cpu(monkeypatch):
     """Keras moves the weights to the input's device ("cuda") before
     `torch._VF.lstm/gru`; keep them on the CPU so that call computes."""
-    torch_rnn = importlib.import_module("keras.src.backend.torch.rnn")
+    torch_rnn = keras_backend_rnn("torch")
     for name in ("prepare_lstm_params", "prepare_gru_params"):
         original = getattr(torch_rnn, name)
         monkeypatch.setattr(
@@ -235,7 +236,7 @@ def fake_gpu(monkeypatch):
     """Keras' JAX backend believes it has a GPU; returns `use(stand_in)`,
     which installs a stand-in for `jax.experimental.rnn.lstm`."""
     jax_rnn = importlib.import_module("jax.experimental.rnn")
-    keras_jax_rnn = importlib.import_module("keras.src.backend.jax.rnn")
+    keras_jax_rnn = keras_backend_rnn("jax")
     monkeypatch.setattr(keras_jax_rnn, "_is_gpu_available", lambda: True)
     return lambda stand_in: monkeypatch.setattr(jax_rnn, "lstm", stand_in)
 

@@ -20,14 +20,13 @@ tests/test_final_state.py (the unmasked path with recomputed states).
 - On torch on CPU, PyTorch's kernel runs on the packed valid steps only.
 """
 
-import importlib
-
 import keras
 import numpy as np
 import pytest
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN
+from maskedrnn._keras_private import keras_backend_rnn
 from maskedrnn.layers import kernels
 from tests.helpers import (
     BACKEND,
@@ -50,14 +49,14 @@ tf_or_jax = pytest.mark.skipif(
 
 def keras_has_gpu():
     return bool(
-        importlib.import_module(f"keras.src.backend.{BACKEND}.rnn")._is_gpu_available()
+        keras_backend_rnn(BACKEND)._is_gpu_available()
     )
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """Keras' backend believes it has a GPU (only the choice is asked)."""
-    module = importlib.import_module(f"keras.src.backend.{BACKEND}.rnn")
+    module = keras_backend_rnn(BACKEND)
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
 
 
@@ -256,7 +255,7 @@ def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
     auto = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
     auto.build((None, None, D))
     assert kernels.jax_cpu_reason(auto.layer) is not None
-    module = importlib.import_module("keras.src.backend.jax.rnn")
+    module = keras_backend_rnn("jax")
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
     assert kernels.jax_cpu_reason(auto.layer) is None
     runner, _ = kernels.choose(auto.layer, auto.layer.cell.kernel)

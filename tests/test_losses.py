@@ -20,8 +20,8 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from keras.src.backend import set_keras_mask
 
+from maskedrnn._keras_private import set_keras_mask
 from maskedrnn.losses import MaskedLoss, masked_loss
 
 B, T, C, F = 4, 6, 5, 3

@@ -19,8 +19,8 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from keras.src.backend import set_keras_mask
 
+from maskedrnn._keras_private import set_keras_mask
 from maskedrnn.losses import MaskedLoss
 from maskedrnn.metrics import (
     MaskedAccuracy,

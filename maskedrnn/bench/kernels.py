@@ -41,7 +41,7 @@ import tempfile
 
 import keras
 
-from maskedrnn._keras_private import keras_torch_rnn
+from maskedrnn._keras_private import keras_backend_rnn
 
 # Names of RNN work in profiler traces: cuDNN's RNN kernels
 # ("RNN_blockPersist_fp_LSTM", "LSTM_elementWise_fp", "elemWiseRNNcell", ...),
@@ -76,7 +76,7 @@ def _targets():
 
         # (`keras.src.backend.torch.rnn` the module; the package re-exports
         # a function of the same name.)
-        torch_rnn = keras_torch_rnn()
+        torch_rnn = keras_backend_rnn("torch")
 
         for name in ("_cudnn_lstm", "_cudnn_gru"):
             targets.append((torch_rnn, name, f"torch cuDNN {name}", True, False))
