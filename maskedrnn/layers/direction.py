@@ -379,6 +379,11 @@ def inner_copy(layer, name):
     # `use_cudnn` is not part of the config (as in keras.layers.Bidirectional).
     if hasattr(layer, "use_cudnn"):
         inner.use_cudnn = layer.use_cudnn
+    # The wrapper hands its inner RNNs masks itself (Keras' masked loop) and
+    # keeps the mask for the layers after it. Keras 3.16's RNN says it does
+    # not support masking and warns that it "will destroy the mask" whenever
+    # it is called with one; these copies are private, so they say they do.
+    inner.supports_masking = True
     return inner
 
 
