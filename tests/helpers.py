@@ -30,6 +30,22 @@ def lengths_to_mask(lengths, time):
     return np.arange(time)[None, :] < np.asarray(lengths)[:, None]
 
 
+class AttachMask(keras.layers.Layer):
+    """Returns its input with the `mask` it is called with attached, so that
+    the layers and the loss after it see that mask (an oracle's explicit
+    mask: Keras 3.16 no longer passes masks past its RNN layers)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        return inputs
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+
 def assert_close(actual, expected, atol=1e-5, rtol=1e-5):
     """Every tensor of `actual` (a tensor or a list/tuple) equals the one of
     `expected` at the same position, to `atol` + `rtol`."""

@@ -21,6 +21,8 @@ import keras
 # method, lists a layer's sublayers (to find RNNs hidden inside a layer that is
 # copied as a whole).
 from maskedrnn._keras_private import Functional
+from maskedrnn.convert import masks
+from maskedrnn.convert.select import selector
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 __all__ = ["bidirectional_to_masked", "convert_model"]
@@ -305,46 +307,6 @@ class _ToKeras:
         return layer(inputs, **bound)
 
 
-def _selector(model, only, exclude):
-    """`select(layer) -> bool` for `convert_model`'s `only=` / `exclude=`."""
-    names = {layer.name for layer in model._flatten_layers(include_self=False)}
-
-    def items_of(value, argument):
-        if value is None:
-            return None
-        items = [value] if isinstance(value, (str, type)) else list(value)
-        for item in items:
-            if isinstance(item, str):
-                if item not in names:
-                    raise ValueError(
-                        f"`{argument}` names layer {item!r}, which model "
-                        f"'{model.name}' does not have; got {argument}={value!r}. "
-                        f"Its layers: {sorted(names)}."
-                    )
-            elif not (isinstance(item, type) and issubclass(item, keras.layers.Layer)):
-                raise TypeError(
-                    f"`{argument}` must hold layer names and layer classes (e.g. "
-                    f"keras.layers.LSTM); got {item!r} in {argument}={value!r}."
-                )
-        return items
-
-    def matches(layer, items):
-        return any(
-            layer.name == item if isinstance(item, str) else isinstance(layer, item)
-            for item in items
-        )
-
-    only_items = items_of(only, "only")
-    exclude_items = items_of(exclude, "exclude")
-
-    def select(layer):
-        if only_items is not None and not matches(layer, only_items):
-            return False
-        return not (exclude_items and matches(layer, exclude_items))
-
-    return select
-
-
 def _inner_sources(layer, source):
     """The `source` layers inside `layer` (a layer copied as a whole), not
     counting the RNNs that Bidirectional-style wrappers hold by design."""
@@ -488,8 +450,12 @@ def convert_model(model, strict=False, only=None, exclude=None):
     `Embedding(mask_zero=True)`, `Masking`, ...): the maskedrnn layers give
     the same outputs and states for any mask, while the RNNs inside them
     run unmasked (fused cuDNN kernels on GPU, PyTorch's kernels on torch
-    CPU). A checkpoint saved from the original model loads into the new one
-    with `maskedrnn.load_weights`.
+    CPU). One exception: since Keras 3.16 Keras' RNN layers no longer pass
+    masks on, maskedrnn's do (as Keras up to 3.15), so in a stack of RNNs
+    the new model keeps the masked semantics Keras 3.15 gave the original;
+    a warning then names the layers and outputs that now see a mask
+    (`maskedrnn.convert.masks`). A checkpoint saved from the original model
+    loads into the new one with `maskedrnn.load_weights`.
 
     If the model was compiled, the new model is compiled from
     `model.get_compile_config()` (a fresh optimizer), as
@@ -575,7 +541,7 @@ def convert_model(model, strict=False, only=None, exclude=None):
             "whose layers are made and called by its own Python code, which "
             f"convert_model cannot rewrite. {_SUBCLASSED_HOWTO}"
         )
-    converter = _Converter(select=_selector(model, only, exclude))
+    converter = _Converter(select=selector(model, only, exclude))
     new_model = converter.convert(model)
     if converter.left and strict:
         listing = "; ".join(f"'{name}': {reason}" for name, reason in converter.left)
@@ -601,4 +567,7 @@ def convert_model(model, strict=False, only=None, exclude=None):
             f"convert_model kept layer '{name}' as it is: {reason}.",
             stacklevel=2,
         )
+    changed_layers, changed_outputs = masks.mask_changes(model, new_model)
+    if changed_layers or changed_outputs:
+        warnings.warn(masks.describe(changed_layers, changed_outputs), stacklevel=2)
     return new_model
