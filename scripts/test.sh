@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs maskedrnn with its CI extras, lints, and runs pytest once per Keras backend,
-# each in its own process (the backend is fixed at import time).
+# each in its own process (the backend is fixed at import time); then the core tests
+# on the next Keras (scripts/check_next_keras.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q -e ".[ci]"
@@ -22,6 +23,8 @@ for backend in tensorflow jax torch; do
   KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
     --durations=15 "$@" || status=1
 done
+echo "=== scripts/check_next_keras.sh ==="
+bash scripts/check_next_keras.sh || status=1
 echo "=== scripts/check_wheel.sh ==="
 wait "$wheel_pid" || status=1
 grep -v "^\[IPKernelApp\] WARNING" "$wheel_log" || true

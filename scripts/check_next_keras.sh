@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The next Keras, tried before users do: the core parity tests (not those
+# marked slow) on the Keras nightly pinned below, on the TensorFlow, JAX and
+# torch backends, each in its own process.
+#
+# A fresh virtual environment that sees the packages installed for the main
+# run (TensorFlow, JAX, torch, pytest: `--system-site-packages`) and holds
+# only the pinned nightly itself (`--no-deps`; its dependencies are those of
+# the Keras release already installed), so it shadows that Keras there and
+# nowhere else. The tests import the source tree (PYTHONPATH).
+# Usage: bash scripts/check_next_keras.sh [pytest args...]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+START=$SECONDS
+step() { echo "[check_next_keras +$((SECONDS - START)) s] $*"; }
+
+# The nightly to try; move it forward when a newer one is worth trying.
+PIN=keras-nightly==3.16.0.dev2026102704
+step "fresh venv with $PIN"
+python -m venv --system-site-packages "$WORK/venv"
+"$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$PIN" \
+  2>&1 | grep -v "^WARNING: Location" || true
+version=$("$WORK/venv/bin/python" -c "import keras; print(keras.__version__)")
+[ "keras-nightly==$version" = "$PIN" ] ||
+  { echo "the venv runs Keras $version, not $PIN" >&2; exit 1; }
+
+CORE=(tests/test_masked_bidirectional.py tests/test_masked_rnn.py
+      tests/test_mask_propagation.py tests/test_losses.py tests/test_ctc.py
+      tests/test_convert_model.py tests/test_training.py tests/test_keras_private.py)
+status=0
+for backend in tensorflow jax torch; do
+  step "Keras $version, KERAS_BACKEND=$backend: core parity tests"
+  (cd "$ROOT" && KERAS_BACKEND=$backend PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=3 \
+    "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+    -m "not slow" -W "ignore:Layer .*will therefore destroy the mask:UserWarning" \
+    "${CORE[@]}" "$@") || status=1
+done
+step "done (status $status)"
+exit $status
