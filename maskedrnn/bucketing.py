@@ -16,24 +16,14 @@ train step (`jax.jit`) is built a bounded number of times.
   `BucketedDataset.predict` returns predictions in the caller's order.
 """
 
-import numbers
 
 import keras
 import numpy as np
 
+from maskedrnn._checks import check_int
 from maskedrnn.datasets import pad_batch
 
 __all__ = ["BucketBatchSampler", "BucketedDataset", "quantile_boundaries"]
-
-
-def _check_int(name, value, low):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < low
-    ):
-        raise ValueError(f"{name} must be an int >= {low}; got {name}={value!r}.")
-    return int(value)
 
 
 def quantile_boundaries(lengths, num_buckets):
@@ -56,7 +46,7 @@ def quantile_boundaries(lengths, num_buckets):
     Returns:
         A sorted list of distinct Python ints.
     """
-    num_buckets = _check_int("num_buckets", num_buckets, 1)
+    num_buckets = check_int("num_buckets", num_buckets, 1)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.size == 0:
         raise ValueError(
@@ -146,12 +136,12 @@ class BucketBatchSampler:
                 f"{lengths.dtype} and minimum {lengths.min()}."
             )
         self.lengths = lengths.astype(np.int64)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
         if boundaries is None:
             boundaries = quantile_boundaries(self.lengths, num_buckets)
         else:
             boundaries = [
-                _check_int(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)
+                check_int(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)
             ]
             if not boundaries or boundaries != sorted(set(boundaries)):
                 raise ValueError(
@@ -169,7 +159,7 @@ class BucketBatchSampler:
         self.shuffle = bool(shuffle)
         if seed is None:
             seed = int(np.random.default_rng().integers(2**31))
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.carry_remainder = bool(carry_remainder)
         self.epoch = 0

@@ -22,6 +22,8 @@ import os
 
 import numpy as np
 
+from maskedrnn._checks import check_int
+
 __all__ = [
     "parse_ts",
     "load_japanese_vowels",
@@ -504,17 +506,13 @@ def make_distance_to_end_task(
         padding) and int32 `(n,)` lengths.
     """
 
-    def _check_int(name, v, low):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise ValueError(f"{name} must be an int >= {low}; got {v!r}.")
-
-    _check_int("n", n, 1)
-    _check_int("maxlen", maxlen, 1)
-    _check_int("vocab_size", vocab_size, 2)
-    _check_int("n_classes", n_classes, 1)
+    check_int("n", n, 1)
+    check_int("maxlen", maxlen, 1)
+    check_int("vocab_size", vocab_size, 2)
+    check_int("n_classes", n_classes, 1)
     if min_length is None:
         min_length = max(1, maxlen // 5)
-    _check_int("min_length", min_length, 1)
+    check_int("min_length", min_length, 1)
     if min_length > maxlen:
         raise ValueError(
             f"min_length={min_length} is larger than maxlen={maxlen}; pass "
@@ -590,8 +588,7 @@ def make_spoken_digits_task(
         `(n,)`.
     """
     for name, v in (("n", n), ("max_digits", max_digits), ("features", features)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {v!r}.")
+        check_int(name, v, 1)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"noise must be a number >= 0; got {noise!r}.")
     rng = np.random.default_rng(seed)

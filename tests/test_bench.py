@@ -422,9 +422,9 @@ def test_make_mask_puts_the_valid_steps_where_each_padding_says():
         bench.make_mask(lengths, 5, "middle")
 
 
-def test_valid_first_order_moves_valid_steps_first_and_back():
+def test_valid_first_permutation_moves_valid_steps_first_and_back():
     mask = bench.make_mask(np.array([2, 4, 1]), 6, "holes", seed=3)
-    order, inverse = bench.valid_first_order(mask)
+    order, inverse = bench.valid_first_permutation(mask)
     steps = np.tile(np.arange(6), (3, 1))
     moved = np.take_along_axis(steps, order, 1)
     for row, n in enumerate(mask.sum(1)):

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from keras import layers, ops
 
-import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN
 from maskedrnn.convert.model import bidirectional_to_masked, convert_model
 from tests.helpers import BACKEND, flat, to_np
@@ -154,16 +153,6 @@ def test_sequential_model_converted_with_same_predictions():
         assert_same_weights(new.get_layer(layer.name), layer)
     assert new.compiled and new.optimizer is not old.optimizer
     assert_same_predictions(new, old, padded_ids())
-
-
-def test_public_paths_keep_working():
-    """`convert_model` moved into the `maskedrnn.convert` package; the old
-    import paths still give the same functions."""
-    from maskedrnn.convert_model import bidirectional_to_masked as old_b2m
-    from maskedrnn.convert_model import convert_model as old_convert_model
-
-    assert maskedrnn.convert_model is convert_model is old_convert_model
-    assert maskedrnn.bidirectional_to_masked is bidirectional_to_masked is old_b2m
 
 
 def test_unregistered_loss_function_converts_without_compile_state():

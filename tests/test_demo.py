@@ -204,6 +204,39 @@ def test_cli_quick_distance_exits_zero(tmp_path):
     assert path.is_file()
 
 
+def test_demo_command_quiets_tensorflow_unless_the_user_chose_a_level():
+    from maskedrnn._quiet_demo import is_demo_command, quiet_tensorflow
+
+    assert is_demo_command(["python", "-m", "maskedrnn", "--quick"])
+    assert is_demo_command(["python3", "-u", "-m", "maskedrnn"])
+    assert not is_demo_command(["python", "-m", "maskedrnn.bench"])
+    assert not is_demo_command(["python", "-m", "pytest", "maskedrnn"])
+    assert not is_demo_command(["python", "train.py", "-m"])
+    environ = {}
+    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user's level wins
+    environ = {}
+    quiet_tensorflow(["python", "-m", "pytest"], environ)
+    assert environ == {}  # other programs are left alone
+
+
+@pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="TensorFlow's start-up log: TensorFlow only"
+)
+def test_cli_prints_no_tensorflow_start_up_log():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["KERAS_BACKEND"] = "tensorflow"
+    command = [sys.executable, "-m", "maskedrnn", "--help"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m maskedrnn")
+    for line in ("cpu_feature_guard", "oneDNN", "absl::InitializeLog"):
+        assert line not in proc.stderr, proc.stderr
+
+
 def _results(same=1e-7, drift=1e-7, shift_ours=0.0, shift_keras=0.0, reload_ok=True):
     return {
         "max_abs_diff": {

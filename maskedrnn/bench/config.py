@@ -168,11 +168,13 @@ def make_mask(lengths, time, padding="post", seed=0):
     )
 
 
-def valid_first_order(mask):
+def valid_first_permutation(mask):
     """Per-row time index that puts the valid steps first (in order).
 
     `x[i, order[i]]` is row `i` with its valid steps moved to the front,
     padding after; `inverse` (its inverse permutation) moves them back.
+    NumPy, for the bench's own data (the PyTorch baselines' gathers); the
+    layers use `maskedrnn.ops.valid_first_order`, in `keras.ops`.
 
     Returns:
         `(order, inverse)`, two int64 numpy arrays shaped like `mask`.

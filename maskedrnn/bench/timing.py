@@ -206,7 +206,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
     kind = getattr(args, "layer", "bidirectional")
     directions = config.LAYERS[kind]["directions"]
     w_np = rng.standard_normal((b, t, directions * u)).astype("float32")
-    order = None if padding == "post" else config.valid_first_order(mask_np)
+    order = None if padding == "post" else config.valid_first_permutation(mask_np)
 
     harness = module.Harness(gpu)
     # "cpu"/"gpu" without an index: on the torch backend (Keras 3.15)
