@@ -32,24 +32,24 @@ from maskedrnn._torch_threads import resolve_threads, torch_cpu_threads
 
 
 def main(layer):
-    names = demo._model_names(layer)
+    names = demo.models.model_names(layer)
     ours, keras_masked = names[0], names[1]
-    settings = demo._DEFAULTS["vowels"]
-    data = demo._vowels_data("pre")
+    settings = demo.settings.DEFAULTS["vowels"]
+    data = demo.data.vowels_data("pre")
     keras.utils.set_random_seed(0)
     models = {
-        k: demo._build_model("vowels", k, data, settings["units"], layer) for k in names
+        k: demo.models.build_model("vowels", k, data, settings["units"], layer) for k in names
     }
     initial = models[ours].get_weights()
     for kind in names[1:]:
         models[kind].set_weights(initial)
 
     def probs(kind):
-        logits = demo._predict(models[kind], data["x_test"], settings["batch_size"])
-        return demo._softmax(logits)
+        logits = demo.models.predict_logits(models[kind], data["x_test"], settings["batch_size"])
+        return demo.models.softmax(logits)
 
     for kind in (ours, keras_masked):
-        demo._compile(models[kind], "vowels", settings["learning_rate"])
+        demo.models.compile_model(models[kind], "vowels", settings["learning_rate"])
         keras.utils.set_random_seed(0)
         models[kind].fit(
             data["x_train"],

@@ -124,7 +124,7 @@ def test_vowels_ours_matches_keras_masked(vowels):
 
 @pytest.mark.parametrize("padding", ["pre", "post"])
 def test_vowels_features_standardised_over_valid_frames(padding):
-    data = demo._vowels_data(padding)
+    data = demo.data.vowels_data(padding)
     x_train, _ = datasets.load_japanese_vowels("train")
     x_test, _ = datasets.load_japanese_vowels("test")
     frames = np.concatenate(x_train)
@@ -198,7 +198,7 @@ def test_cli_quick_distance_exits_zero(tmp_path):
     out = proc.stdout
     assert "backend: tensorflow, padding: pre" in out
     assert "save/reload of MaskedBidirectional model: OK" in out
-    for label in demo._MODEL_LABELS.values():
+    for label in demo.models.MODEL_LABELS.values():
         assert f"{label} " in out
         assert "2/2" in out  # the progress bar reached the last epoch
     assert path.is_file()
@@ -350,9 +350,9 @@ def rnn_distance(tmp_path_factory):
 
 
 def test_rnn_models_are_one_direction_lstms():
-    data = demo._distance_data("pre", quick=True, seed=0)
+    data = demo.data.distance_data("pre", quick=True, seed=0)
     models = {
-        kind: demo._build_model("distance", kind, data, 4, layer="rnn")
+        kind: demo.models.build_model("distance", kind, data, 4, layer="rnn")
         for kind in demo.RNN_MODEL_NAMES
     }
     ours = models["masked_rnn"].get_layer("rnn")
