@@ -1,19 +1,12 @@
 """Length bucketing: batches of similar length, each padded only to its bucket.
 
-Masking makes padded steps harmless, not free: a batch padded to a global
-`maxlen` still runs every RNN step. Grouping sequences of similar length and
-padding each batch only to its bucket's boundary skips most of that work,
-while the set of padded lengths stays small (one per boundary), so a compiled
-train step (`jax.jit`) is built a bounded number of times.
-
-* `BucketBatchSampler` (NumPy only) turns sequence lengths into batches of
-  row indices, bucket by bucket, with seeded shuffling. It is a valid
-  `batch_sampler` for a PyTorch `torch.utils.data.DataLoader` (see
-  docs/scaling.md).
-* `BucketedDataset` is a `keras.utils.PyDataset` built on it: it pads each
-  batch with `maskedrnn.datasets.pad_batch` to the bucket's boundary and feeds
-  `model.fit`, `evaluate` and `predict` on every backend;
-  `BucketedDataset.predict` returns predictions in the caller's order.
+Masking makes padded steps harmless, not free. Batching sequences of similar
+length and padding each batch only to its bucket's boundary skips most of
+that work, with few distinct padded lengths (few compilations).
+`BucketBatchSampler` (NumPy only; also a PyTorch `DataLoader`
+`batch_sampler`) makes the batches of indices; `BucketedDataset`, a
+`keras.utils.PyDataset`, pads them with `maskedrnn.datasets.pad_batch` for
+`fit`, `evaluate` and `predict` on every backend. See docs/scaling.md.
 """
 
 
@@ -106,11 +99,8 @@ class BucketBatchSampler:
         carry_remainder: Bool. If `True`, the rows that would make a
             bucket's last, incomplete batch move on to the next bucket (and
             are padded to its boundary), so that every batch is full except
-            at most the last bucket's: `ceil(len(lengths) / batch_size)`
-            batches per epoch instead of up to one more per bucket. A small
-            batch costs almost as much per step as a full one on a CPU, so
-            this saves time at the price of a little more padding. Defaults
-            to `False`.
+            at most the last bucket's (a small batch costs almost as much
+            per step as a full one on a CPU). Defaults to `False`.
     """
 
     def __init__(
