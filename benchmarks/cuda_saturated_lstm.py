@@ -36,8 +36,8 @@ and the largest difference of `saturated` and `maskedrnn` from
 but keeps `0 * w = 0` at valid steps, so the saturation must survive it).
 Median of `--calls` calls after 5 warm-up calls, synchronized.
 
-    KERAS_BACKEND=torch python scripts/cuda_saturated_lstm.py            # CUDA
-    KERAS_BACKEND=torch python scripts/cuda_saturated_lstm.py --quick --device cpu
+    KERAS_BACKEND=torch python benchmarks/cuda_saturated_lstm.py            # CUDA
+    KERAS_BACKEND=torch python benchmarks/cuda_saturated_lstm.py --quick --device cpu
 
 Sizes: the GPU figures' B=64 T=100 D=U=512, lengths uniform in [20, 100]
 (`--quick`: B=4 T=6 D=U=8, 3 calls, for a CPU check of the script).

@@ -4,23 +4,34 @@ Profiles 20 eager forward calls (under `torch.no_grad()`, 1 thread, after 3
 warm-up calls) of `MaskedRNN(GRU|LSTM(64, return_sequences=True))` on the
 benchmark's MaskedRNN data (B=32 T=100 D=64, lengths uniform in [20, 100],
 left-padded, `mask=`) with `torch.profiler` and prints the ops by total CPU
-time (the table of docs/results/profile-torch-rnn-<cell>-fwd.txt).
+time.
 
-    KERAS_BACKEND=torch python scripts/profile_rnn_torch.py gru
+    KERAS_BACKEND=torch python benchmarks/profile_rnn_torch.py gru
 """
 
 import sys
 
 import keras
+import numpy as np
 import torch
-from rnn_cpu_batch import UNITS as units
-from rnn_cpu_batch import left_padded_batch
 
 import maskedrnn
 
+BATCH, TIME, FEATURES, units = 32, 100, 64, 64
+
+
+def left_padded_batch(seed=0):
+    """`(x, mask)`: float32 `(B, T, D)` zeroed at the padding, bool `(B, T)`."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, TIME + 1, size=BATCH)
+    mask = np.arange(TIME)[None, :] >= (TIME - lengths)[:, None]
+    x = rng.standard_normal((BATCH, TIME, FEATURES)).astype("float32")
+    return x * mask[..., None], mask
+
+
 cell = sys.argv[1] if len(sys.argv) > 1 else "gru"
 torch.set_num_threads(1)
-x, mask, _ = left_padded_batch()
+x, mask = left_padded_batch()
 inner = {"gru": keras.layers.GRU, "lstm": keras.layers.LSTM}[cell]
 layer = maskedrnn.MaskedRNN(inner(units, return_sequences=True))
 x, mask = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(mask)

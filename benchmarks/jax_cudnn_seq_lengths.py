@@ -29,8 +29,8 @@ steps, final states). It also tries a row of length 0 (the layers return
 the initial state for it; what does cuDNN do?). Median of `--calls` calls
 after 3 warm-up calls (the first compiles), synchronized.
 
-    KERAS_BACKEND=jax python scripts/jax_cudnn_seq_lengths.py             # GPU
-    KERAS_BACKEND=jax python scripts/jax_cudnn_seq_lengths.py --quick --ref
+    KERAS_BACKEND=jax python benchmarks/jax_cudnn_seq_lengths.py             # GPU
+    KERAS_BACKEND=jax python benchmarks/jax_cudnn_seq_lengths.py --quick --ref
 
 `--ref` calls `jax.experimental.rnn.lstm_ref` (JAX's reference for the cuDNN
 call's semantics, a `lax.scan`) instead of `lstm`, which needs a GPU: for
