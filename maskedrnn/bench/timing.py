@@ -106,9 +106,9 @@ def states_into_sequence(sequence, *states, directions=2):
     backward states...]` of every implementation, Keras' and PyTorch's alike,
     so that the timed output, the loss and the checks all depend on the
     final states. A plain function inside each timed step, not a Keras layer
-    around the timed one: a wrapper layer's `Layer.__call__` (about 0.2-0.3 ms
-    on eager torch, scripts/torch_forward_floor.py) would be charged to the
-    Keras implementations only."""
+    around the timed one: a wrapper layer's `Layer.__call__` (a noticeable
+    cost on eager torch) would be charged to the Keras implementations
+    only."""
     if directions == 1:
         for state in states:
             sequence = sequence + keras.ops.expand_dims(state, 1)
