@@ -1,10 +1,23 @@
-"""maskedrnn: Keras 3 bidirectional RNNs for padded variable-length sequences."""
+"""maskedrnn: Keras 3 bidirectional RNNs for padded variable-length sequences.
 
-__version__ = "0.1.0"
+The public surface is `__all__` below (docs/api.md documents each name;
+tests/test_api.py checks both agree). The version is `__version__`, read
+by setup.cfg; CHANGELOG.md says what changed.
+"""
 
-from maskedrnn import bucketing, convert, datasets, export, ops
+__version__ = "0.2.0"
+
+# `_quiet_demo` first: it must run before TensorFlow loads.
+from maskedrnn import (
+    _quiet_demo,  # noqa: F401
+    bucketing,
+    convert,
+    datasets,
+    export,
+    ops,
+)
 from maskedrnn.convert.checkpoint import load_weights
-from maskedrnn.convert_model import bidirectional_to_masked, convert_model
+from maskedrnn.convert.model import bidirectional_to_masked, convert_model
 from maskedrnn.ctc import MaskedCTC, ctc_decode, ctc_ids_to_text, masked_ctc
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 from maskedrnn.losses import MaskedLoss, masked_loss

@@ -445,3 +445,25 @@ def check_wrapped_rnn(layer):
             "with stateful=True. Call the layer itself, or pass the previous "
             "final states as `initial_state`."
         )
+
+
+# --------------------------------------------------------------------------
+# Small argument checks of the tools (bucketing, datasets, demo): plain
+# Python values, checked once, with one wording.
+
+
+def check_int(name, value, low):
+    """Returns `value` as an `int` if it is an integer (not a bool) `>= low`.
+
+    Raises:
+        ValueError: "`name` must be an int >= `low`; got `name`=`value`."
+    """
+    import numbers  # here, so this block stays apart from the layer checks
+
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or value < low
+    ):
+        raise ValueError(f"{name} must be an int >= {low}; got {name}={value!r}.")
+    return int(value)

@@ -1,39 +1,22 @@
 """Length bucketing: batches of similar length, each padded only to its bucket.
 
-Masking makes padded steps harmless, not free: a batch padded to a global
-`maxlen` still runs every RNN step. Grouping sequences of similar length and
-padding each batch only to its bucket's boundary skips most of that work,
-while the set of padded lengths stays small (one per boundary), so a compiled
-train step (`jax.jit`) is built a bounded number of times.
-
-* `BucketBatchSampler` (NumPy only) turns sequence lengths into batches of
-  row indices, bucket by bucket, with seeded shuffling. It is a valid
-  `batch_sampler` for a PyTorch `torch.utils.data.DataLoader` (see
-  docs/scaling.md).
-* `BucketedDataset` is a `keras.utils.PyDataset` built on it: it pads each
-  batch with `maskedrnn.datasets.pad_batch` to the bucket's boundary and feeds
-  `model.fit`, `evaluate` and `predict` on every backend;
-  `BucketedDataset.predict` returns predictions in the caller's order.
+Masking makes padded steps harmless, not free. Batching sequences of similar
+length and padding each batch only to its bucket's boundary skips most of
+that work, with few distinct padded lengths (few compilations).
+`BucketBatchSampler` (NumPy only; also a PyTorch `DataLoader`
+`batch_sampler`) makes the batches of indices; `BucketedDataset`, a
+`keras.utils.PyDataset`, pads them with `maskedrnn.datasets.pad_batch` for
+`fit`, `evaluate` and `predict` on every backend. See docs/scaling.md.
 """
 
-import numbers
 
 import keras
 import numpy as np
 
+from maskedrnn._checks import check_int
 from maskedrnn.datasets import pad_batch
 
 __all__ = ["BucketBatchSampler", "BucketedDataset", "quantile_boundaries"]
-
-
-def _check_int(name, value, low):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Integral)
-        or value < low
-    ):
-        raise ValueError(f"{name} must be an int >= {low}; got {name}={value!r}.")
-    return int(value)
 
 
 def quantile_boundaries(lengths, num_buckets):
@@ -56,7 +39,7 @@ def quantile_boundaries(lengths, num_buckets):
     Returns:
         A sorted list of distinct Python ints.
     """
-    num_buckets = _check_int("num_buckets", num_buckets, 1)
+    num_buckets = check_int("num_buckets", num_buckets, 1)
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.size == 0:
         raise ValueError(
@@ -116,11 +99,8 @@ class BucketBatchSampler:
         carry_remainder: Bool. If `True`, the rows that would make a
             bucket's last, incomplete batch move on to the next bucket (and
             are padded to its boundary), so that every batch is full except
-            at most the last bucket's: `ceil(len(lengths) / batch_size)`
-            batches per epoch instead of up to one more per bucket. A small
-            batch costs almost as much per step as a full one on a CPU, so
-            this saves time at the price of a little more padding. Defaults
-            to `False`.
+            at most the last bucket's (a small batch costs almost as much
+            per step as a full one on a CPU). Defaults to `False`.
     """
 
     def __init__(
@@ -146,12 +126,12 @@ class BucketBatchSampler:
                 f"{lengths.dtype} and minimum {lengths.min()}."
             )
         self.lengths = lengths.astype(np.int64)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
         if boundaries is None:
             boundaries = quantile_boundaries(self.lengths, num_buckets)
         else:
             boundaries = [
-                _check_int(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)
+                check_int(f"boundaries[{i}]", b, 0) for i, b in enumerate(boundaries)
             ]
             if not boundaries or boundaries != sorted(set(boundaries)):
                 raise ValueError(
@@ -169,7 +149,7 @@ class BucketBatchSampler:
         self.shuffle = bool(shuffle)
         if seed is None:
             seed = int(np.random.default_rng().integers(2**31))
-        self.seed = _check_int("seed", seed, 0)
+        self.seed = check_int("seed", seed, 0)
         self.drop_remainder = bool(drop_remainder)
         self.carry_remainder = bool(carry_remainder)
         self.epoch = 0

@@ -1,19 +1,10 @@
-"""Small data sets and padding helpers for variable-length sequence models.
+"""Small data sets and padding helpers, NumPy only (they feed any backend).
 
-Everything here is NumPy only (no Keras backend is touched), so the functions
-can feed any backend.
-
-* `parse_ts` reads the sktime/aeon `.ts` time-series format.
-* `load_japanese_vowels` loads the UCI Japanese Vowels speaker-recognition set
-  (640 utterances of 7 to 29 frames of 12 LPC coefficients, 9 speakers), which
-  ships inside this package (`maskedrnn/data/`, see
-  `maskedrnn/data/JapaneseVowels_LICENSE.md`); nothing is downloaded.
-* `pad_batch` pads a list of `(time, features)` arrays into one batch and
-  returns the lengths.
-* `make_distance_to_end_task` builds a synthetic token-labelling task whose
-  targets a forward-only RNN cannot know but a backward RNN can.
-* `make_spoken_digits_task` renders digit strings as noisy frames of varying
-  duration: a small CTC recognition task (see `maskedrnn.MaskedCTC`).
+`parse_ts` reads the sktime/aeon `.ts` format; `load_japanese_vowels` loads
+UCI Japanese Vowels, bundled in `maskedrnn/data/` (licence there; nothing is
+downloaded); `pad_batch` pads `(time, features)` arrays into a batch and
+returns the lengths; `make_distance_to_end_task` (labels only a backward
+RNN can know) and `make_spoken_digits_task` (a small CTC task) are synthetic.
 """
 
 import importlib.resources
@@ -21,6 +12,8 @@ import math
 import os
 
 import numpy as np
+
+from maskedrnn._checks import check_int
 
 __all__ = [
     "parse_ts",
@@ -145,10 +138,9 @@ def parse_ts(path_or_text):
     dimension by `,`, and the class label (when `@classLabel true ...`) or the
     regression target (when `@targetLabel true`) comes last. Cases may have
     different lengths (`@equalLength false`), but within one case every
-    dimension must have the same length. `?` marks a missing value and is read
-    as NaN. Blank lines and lines starting with `#` are ignored. Header tags
-    are case-insensitive. Timestamped data (`@timeStamps true`) is not
-    supported.
+    dimension must have the same length. `?` (missing) reads as NaN; blank
+    lines and `#` lines are ignored; tags are case-insensitive; timestamped
+    data (`@timeStamps true`) is not supported.
 
     Example:
 
@@ -163,9 +155,8 @@ def parse_ts(path_or_text):
     array(['a', 'b'], dtype='<U1')
 
     Args:
-        path_or_text: A path (`str` or `os.PathLike`) to a `.ts` file, or the
-            file's contents as a `str`. A `str` that contains a newline is
-            taken as contents, any other `str` as a path.
+        path_or_text: A path (`str` or `os.PathLike`) to a `.ts` file, or
+            its contents (a `str` with a newline; other `str`s are paths).
 
     Returns:
         A tuple `(series, labels, metadata)`:
@@ -504,17 +495,13 @@ def make_distance_to_end_task(
         padding) and int32 `(n,)` lengths.
     """
 
-    def _check_int(name, v, low):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-            raise ValueError(f"{name} must be an int >= {low}; got {v!r}.")
-
-    _check_int("n", n, 1)
-    _check_int("maxlen", maxlen, 1)
-    _check_int("vocab_size", vocab_size, 2)
-    _check_int("n_classes", n_classes, 1)
+    check_int("n", n, 1)
+    check_int("maxlen", maxlen, 1)
+    check_int("vocab_size", vocab_size, 2)
+    check_int("n_classes", n_classes, 1)
     if min_length is None:
         min_length = max(1, maxlen // 5)
-    _check_int("min_length", min_length, 1)
+    check_int("min_length", min_length, 1)
     if min_length > maxlen:
         raise ValueError(
             f"min_length={min_length} is larger than maxlen={maxlen}; pass "
@@ -590,8 +577,7 @@ def make_spoken_digits_task(
         `(n,)`.
     """
     for name, v in (("n", n), ("max_digits", max_digits), ("features", features)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {v!r}.")
+        check_int(name, v, 1)
     if isinstance(noise, bool) or not isinstance(noise, (int, float)) or noise < 0:
         raise ValueError(f"noise must be a number >= 0; got {noise!r}.")
     rng = np.random.default_rng(seed)

@@ -1,4 +1,4 @@
-"""Rewrites the benchmark tables of docs/benchmarks.md from their JSON files.
+"""Rewrites the benchmark tables of docs/benchmarks.md and README.md from JSON.
 
 Two kinds of tables carry a marker line (tests/test_bench.py checks both
 against the JSON):
@@ -20,7 +20,7 @@ against the JSON):
 
 Run after `scripts/bench_cpu.sh`:
 
-    python scripts/bench_docs.py            # rewrites docs/benchmarks.md
+    python scripts/bench_docs.py            # rewrites the pages
     python scripts/bench_docs.py --check    # exit 1 if it would change
 """
 
@@ -31,16 +31,15 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "benchmarks.md"
+# The pages whose marked tables come from docs/results.
+PAGES = [ROOT / "docs" / "benchmarks.md", ROOT / "README.md"]
 sys.path.insert(0, str(ROOT))
 
 from maskedrnn.bench import report  # noqa: E402
 
 TABLE = re.compile(r"(<!-- bench-table (\S+) -->\n)((?:\|.*\n)+)")
 RATIOS = re.compile(r"(<!-- bench-ratios -->\n)((?:\|.*\n)+)")
-MET = re.compile(
-    r"\*\*Met: \d+ of the (\d+) figures ([^;]*); missed: \d+[^*]*\.\*\*"
-)
+MET = re.compile(r"\*\*Met: \d+ of the (\d+) figures ([^;]*); missed: \d+[^*]*\.\*\*")
 INTERVAL = "95% interval"
 RUNS = re.compile(r"(<!-- bench-runs (\S+) -->\n)((?:\|.*\n)+)")
 MODES = {"train": "fwd+bwd", "infer": "fwd"}
@@ -93,7 +92,7 @@ def _ratio_table(table, counts):
         results = _load(row["JSON"].strip("`"))
         ratio = row["ratio"].strip("`")
         target = row.get("target")
-        limit = None if target is None else float(target.removeprefix("≤ "))
+        limit = None if target in (None, "–") else float(target.removeprefix("≤ "))
         intervals = []
         for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
             value = f"{results['ratios'][mode][ratio]:.2f}"
@@ -140,12 +139,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing")
     args = parser.parse_args(argv)
-    old = PAGE.read_text()
-    new = rewrite(old)
-    if args.check:
-        return int(new != old)
-    PAGE.write_text(new)
-    return 0
+    changed = 0
+    for page in PAGES:
+        old = page.read_text()
+        new = rewrite(old)
+        changed += new != old
+        if not args.check:
+            page.write_text(new)
+    return int(bool(changed)) if args.check else 0
 
 
 if __name__ == "__main__":

@@ -4,22 +4,22 @@ ratios: how much a figure moves between separate runs of the same code.
 One bench run gives each ratio with a 95% interval from its own repeats
 (`maskedrnn.bench.report.ratio_interval`), which does not see what changes
 between runs (another process, other load on a shared machine, another
-memory layout). Near a target (issue 11's JAX rows, within a few percent
-of 1.0) that drift decides the verdict of a single run. This runs the
+memory layout). Near a target (a ratio within a few percent of its
+target) that drift decides the verdict of a single run. This runs the
 named runs in rounds (`--rounds`, every run once a round, in the order
 given), and writes a JSON with, per run name and round, the ratios, their
 intervals and the 1-minute load average, and per run name and ratio the
 median, lowest and highest value over the rounds and how many rounds met
 the target (`--target RATIO=LIMIT`, e.g. `maskedrnn/keras_masked=1.0`).
-Each round rewrites `docs/results/cpu-<run>.json` / `.txt`: the last
-round's files stay, as `scripts/bench_cpu.sh` leaves them.
+Each round rewrites `docs/results/cpu-<run>.json`: the last round's files
+stay, as `scripts/bench_cpu.sh` leaves them.
 
 Round k (from 0) times its cases in the orders of `--order-seed k`: one
 bench run takes a new random order each repeat, but the same sequence of
 orders for the same seed, so with one seed for every round an order that
 happens to favour one case would favour it in every round (`--same-order`
-runs every round with `--order-seed 0`, as the bench's own default and
-the rounds before this option: the control). Before each
+runs every round with `--order-seed 0`, the bench's own default: the
+control). Before each
 round, `python_probe_ms` times a fixed pure-Python workload in this
 process (`python_probe`): how fast the shared machine runs Python at the
 time, which moves the torch figures that Python overhead decides.

@@ -32,10 +32,8 @@ Variants (`--variants`):
 
 Per-step times are also grouped by batch shape `(rows, padded length)` for
 the PyDataset variants (from the batches the dataset built, in order).
-`--per-epoch-fit` keeps the older measurement instead: one `fit(epochs=1)`
-call per epoch, bucketed and padded alternating, so each timed epoch
-includes the per-call fixed costs of `fit`. Final test accuracy of every
-model is recorded (masked accuracy for the synthetic tagging task).
+Final test accuracy of every model is recorded (masked accuracy for the
+synthetic tagging task).
 
 Tasks: `synthetic` (`make_distance_to_end_task`, lengths uniform in
 [20, 100], T = 100, Embedding(mask_zero) -> MaskedBidirectional(LSTM 64,
@@ -365,174 +363,6 @@ def measure_one_fit(
     }
 
 
-def step_profile(units, shapes, repeats):
-    """`--step-profile` (TensorFlow): milliseconds of one train step of the
-    synthetic model for each batch shape `(rows, T)`, traced five ways: a
-    `tf.function` traced for that static shape, for `(None, T)` (free batch
-    axis), for `(rows, None)` (free time axis), once for `(None, None)` (the
-    spec `fit` gets from a `PyDataset` of buckets), and the latter with
-    `jit_compile=True` (XLA compiles per concrete shape).
-    The same for Keras' own `Bidirectional(LSTM)` without a mask, to tell
-    the layer's share from Keras' LSTM's. Median of `repeats` calls after two
-    warm-up calls."""
-    import keras
-    import tensorflow as tf
-
-    import maskedrnn
-
-    _configure_backend("tensorflow")
-    data = _synthetic(0, max(b for b, _ in shapes), 0)
-    results = []
-    for layer in ("MaskedBidirectional", "keras.layers.Bidirectional"):
-        keras.utils.set_random_seed(0)
-        inputs = keras.Input((None,), dtype="int32")
-        masked = layer == "MaskedBidirectional"
-        h = keras.layers.Embedding(16, 16, mask_zero=masked)(inputs)
-        wrapper = (
-            maskedrnn.MaskedBidirectional if masked else keras.layers.Bidirectional
-        )
-        h = wrapper(keras.layers.LSTM(units, return_sequences=True))(h)
-        model = keras.Model(inputs, keras.layers.Dense(8, activation="softmax")(h))
-        model.compile(
-            keras.optimizers.Adam(3e-3),
-            loss=maskedrnn.MaskedLoss("sparse_categorical_crossentropy", pad_value=-1),
-        )
-        model.fit(data["x_pad"][:8], data["y_pad"][:8], epochs=1, verbose=0)
-
-        @tf.autograph.experimental.do_not_convert
-        def step(x, y, model=model):
-            return model.train_step((x, y))
-
-        spec = [tf.TensorSpec([None, None], tf.int32)] * 2
-        relaxed = tf.function(step, input_signature=spec)
-        xla = tf.function(step, input_signature=spec, jit_compile=True)
-        for rows, t in shapes:
-            x = tf.constant(data["x_pad"][:rows, :t].astype("int32"))
-            y = tf.constant(data["y_pad"][:rows, :t].astype("int32"))
-            entry = {"layer": layer, "rows": rows, "T": t}
-            for name, fn in (
-                ("static", tf.function(step)),
-                ("free_batch", _traced(step, [None, t])),
-                ("free_time", _traced(step, [rows, None])),
-                ("relaxed", relaxed),
-                ("xla", xla),
-            ):
-                times = []
-                for i in range(repeats + 2):
-                    start = time.perf_counter()
-                    out = fn(x, y)
-                    [np.asarray(v) for v in tf.nest.flatten(out)]
-                    times.append(time.perf_counter() - start)
-                entry[f"{name}_ms"] = 1000 * float(np.median(times[2:]))
-            entry["load_avg_1min"] = os.getloadavg()[0]
-            print(json.dumps(entry), file=sys.stderr, flush=True)
-            results.append(entry)
-    return {"backend": "tensorflow", "mode": "step-profile", "steps": results}
-
-
-def _ms(entry, key):
-    return f"{entry[key]:.1f}" if key in entry else "-"
-
-
-def _traced(step, shape):
-    import tensorflow as tf
-
-    return tf.function(step, input_signature=[tf.TensorSpec(shape, tf.int32)] * 2)
-
-
-def profile_table(results):
-    """The Markdown table of the results of a `--step-profile` file."""
-    lines = [
-        "| layer | batch shape | static ms | free batch axis ms | free time "
-        "axis ms | both free ms (/static) | both free, XLA ms | load avg 1 min |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        for e in r["steps"]:
-            lines.append(
-                f"| {e['layer']} | {e['rows']}x{e['T']} | {e['static_ms']:.1f} | "
-                f"{_ms(e, 'free_batch_ms')} | {_ms(e, 'free_time_ms')} | "
-                f"{e['relaxed_ms']:.1f} ({e['relaxed_ms'] / e['static_ms']:.2f}) | "
-                f"{e['xla_ms']:.1f} | {e['load_avg_1min']:.2f} |"
-            )
-    return "\n".join(lines)
-
-
-def measure(task, seeds, epochs, batch_size, units, num_buckets, n_train, n_test):
-    """`--per-epoch-fit`: one `fit(epochs=1)` per epoch (runs in the child
-    process; returns a JSON-able dict for one backend)."""
-    import keras
-
-    from maskedrnn.bucketing import BucketedDataset
-
-    backend = keras.backend.backend()
-    _configure_backend(backend)
-    runs = []
-    for seed in seeds:
-        data = _synthetic(seed, n_train, n_test) if task == "synthetic" else _vowels()
-        ds = BucketedDataset(
-            data["x"],
-            data["y"],
-            batch_size=batch_size,
-            num_buckets=num_buckets,
-            seed=seed,
-        )
-        steps = _padded_steps(ds)
-        keras.utils.set_random_seed(seed)
-        bucketed = _build(task, units)
-        padded = _build(task, units)
-        padded.set_weights(bucketed.get_weights())
-        seconds = {"bucketed": [], "padded": []}
-        load = []
-        for _ in range(epochs):
-            start = time.perf_counter()
-            bucketed.fit(ds, epochs=1, verbose=0)
-            seconds["bucketed"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            padded.fit(
-                data["x_pad"], data["y_pad"], batch_size=batch_size, epochs=1, verbose=0
-            )
-            seconds["padded"].append(time.perf_counter() - start)
-            load.append(os.getloadavg()[0])
-        accuracy = {}
-        for name, model in (("bucketed", bucketed), ("padded", padded)):
-            result = model.evaluate(
-                data["x_test"],
-                data["y_test"],
-                batch_size=256,
-                verbose=0,
-                return_dict=True,
-            )
-            accuracy[name] = float(
-                result.get("masked_accuracy", result.get("accuracy"))
-            )
-        ratios = [b / p for b, p in zip(seconds["bucketed"][1:], seconds["padded"][1:])]
-        runs.append(
-            {
-                "seed": seed,
-                "boundaries": ds.boundaries,
-                "padded_steps_fraction": steps / (len(data["x"]) * data["maxlen"]),
-                "seconds": seconds,
-                "load_avg_1min": load,
-                "ratios": ratios,
-                "test_accuracy": accuracy,
-            }
-        )
-    all_ratios = [r for run in runs for r in run["ratios"]]
-    return {
-        "backend": backend,
-        "task": task,
-        "median_ratio": float(np.median(all_ratios)),
-        "min_ratio": float(np.min(all_ratios)),
-        "max_ratio": float(np.max(all_ratios)),
-        "median_epoch_s": {
-            k: float(np.median([s for run in runs for s in run["seconds"][k][1:]]))
-            for k in ("bucketed", "padded")
-        },
-        "runs": runs,
-    }
-
-
 def _results(paths):
     """The `results` entries of the result files `paths`, in order."""
     results = []
@@ -578,34 +408,8 @@ def steady_table(paths):
 
 
 def table(paths):
-    """The Markdown table of docs/scaling.md from result files (one-fit
-    files get `steady_table`)."""
-    mode = _results(paths[:1])[0].get("mode")
-    if mode == "one-fit":
-        return steady_table(paths)
-    if mode == "step-profile":
-        return profile_table(_results(paths))
-    lines = [
-        "| backend | task | median ratio (range) | pairs | median s/epoch "
-        "bucketed / padded | padded steps | test accuracy bucketed / padded |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in _results(paths):
-        runs = r["runs"]
-        pairs = sum(len(run["ratios"]) for run in runs)
-        steps = np.mean([run["padded_steps_fraction"] for run in runs])
-        accuracy = ", ".join(
-            f"{run['test_accuracy']['bucketed']:.3f} / "
-            f"{run['test_accuracy']['padded']:.3f}"
-            for run in runs
-        )
-        lines.append(
-            f"| {r['backend']} | {r['task']} | {r['median_ratio']:.2f} "
-            f"({r['min_ratio']:.2f}-{r['max_ratio']:.2f}) | {pairs} | "
-            f"{r['median_epoch_s']['bucketed']:.2f} / "
-            f"{r['median_epoch_s']['padded']:.2f} | {steps:.2f} | {accuracy} |"
-        )
-    return "\n".join(lines)
+    """The Markdown table of docs/scaling.md from result files."""
+    return steady_table(paths)
 
 
 def main(argv=None):
@@ -633,18 +437,6 @@ def main(argv=None):
         action="store_true",
         help="compile(jit_compile=True) for every model (default: 'auto')",
     )
-    parser.add_argument(
-        "--per-epoch-fit",
-        action="store_true",
-        help="the older mode: one fit(epochs=1) per epoch, alternating models",
-    )
-    parser.add_argument(
-        "--step-profile",
-        metavar="ROWSxT,...",
-        help="TensorFlow: time train steps of these batch shapes, static vs "
-        "relaxed (None, None) trace vs XLA (e.g. 32x29,32x100,6x83)",
-    )
-    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.table:
@@ -661,24 +453,15 @@ def main(argv=None):
             args.n_train,
             args.n_test,
         )
-        if args.step_profile:
-            shapes = [
-                tuple(int(n) for n in s.split("x"))
-                for s in args.step_profile.split(",")
-            ]
-            results = [step_profile(args.units, shapes, args.repeats)]
-        elif args.per_epoch_fit:
-            results = [measure(task, *common) for task in args.tasks.split(",")]
-        else:
-            results = [
-                measure_one_fit(
-                    task,
-                    *common,
-                    args.variants.split(","),
-                    True if args.jit_compile else "auto",
-                )
-                for task in args.tasks.split(",")
-            ]
+        results = [
+            measure_one_fit(
+                task,
+                *common,
+                args.variants.split(","),
+                True if args.jit_compile else "auto",
+            )
+            for task in args.tasks.split(",")
+        ]
         print(json.dumps(results))
         return 0
     command = [sys.executable, os.path.abspath(__file__), "--child"] + [
@@ -703,32 +486,15 @@ def main(argv=None):
             return 1
         for r in json.loads(out.stdout.strip().splitlines()[-1]):
             results.append(r)
-            if r.get("mode") == "step-profile":
-                print(profile_table([r]), flush=True)
-                continue
-            if r.get("mode") == "one-fit":
-                print(
-                    f"{r['backend']:<10} {r['task']:<9} steady s/epoch, ratio to "
-                    "padded (median over seeds), accuracies: "
-                    + "; ".join(
-                        f"{v} {m['median_steady_s']:.3f} s {m['median_ratio']:.2f} "
-                        + "/".join(f"{a:.3f}" for a in m["test_accuracy"])
-                        for v, m in r["summary"].items()
-                    )
-                    + f"; load {r['load_avg_1min_range']}",
-                    flush=True,
-                )
-                continue
             print(
-                f"{r['backend']:<10} {r['task']:<9} bucketed/padded median "
-                f"{r['median_ratio']:.2f} (range {r['min_ratio']:.2f}-"
-                f"{r['max_ratio']:.2f}); s/epoch {r['median_epoch_s']['bucketed']:.2f}"
-                f" vs {r['median_epoch_s']['padded']:.2f}; accuracy "
-                + ", ".join(
-                    f"{run['test_accuracy']['bucketed']:.3f}/"
-                    f"{run['test_accuracy']['padded']:.3f}"
-                    for run in r["runs"]
-                ),
+                f"{r['backend']:<10} {r['task']:<9} steady s/epoch, ratio to "
+                "padded (median over seeds), accuracies: "
+                + "; ".join(
+                    f"{v} {m['median_steady_s']:.3f} s {m['median_ratio']:.2f} "
+                    + "/".join(f"{a:.3f}" for a in m["test_accuracy"])
+                    for v, m in r["summary"].items()
+                )
+                + f"; load {r['load_avg_1min_range']}",
                 flush=True,
             )
     report = {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of maskedrnn (issue 10): the GPU-relevant tests on the torch and JAX
+# The GPU check of maskedrnn: the GPU-relevant tests on the torch and JAX
 # backends, then the benchmark (LSTM and GRU, pre-padded, with and without
 # --return-state, with --profile), writing JSON files and logs into OUT_DIR.
 #
@@ -14,8 +14,8 @@
 #   scripts/test_gpu.sh --part tests $OUT
 #   scripts/test_gpu.sh --part bench $OUT    # LSTM, GRU, pre-padded, +- --return-state
 #   scripts/test_gpu.sh --part extra $OUT    # MaskedRNN (--layer rnn), --preset stacked
-#   scripts/test_gpu.sh --part probes $OUT   # (torch) scripts/cuda_saturated_lstm.py,
-#                                            # (JAX) scripts/jax_cudnn_seq_lengths.py
+#   scripts/test_gpu.sh --part probes $OUT   # (torch) benchmarks/cuda_saturated_lstm.py,
+#                                            # (JAX) benchmarks/jax_cudnn_seq_lengths.py
 # and copy $OUT's *.json, *.txt and *.log into docs/results/.
 #
 # --dry-run: installs nothing and runs nothing: collects the selected tests on each
@@ -155,11 +155,11 @@ print(f'{len(sys.argv) - 1} bench commands parse')" "${commands[@]}" || status=1
   fi
 fi
 # The probes: scripts that measure a candidate GPU path before the layers take
-# it. `probe BACKEND NAME` runs scripts/<NAME with _>.py on that backend (when it
+# it. `probe BACKEND NAME` runs benchmarks/<NAME with _>.py on that backend (when it
 # is in BACKENDS) into $OUT_DIR/NAME.txt.
 probe() {
   local backend=$1 name=$2 script
-  script=scripts/${2//-/_}.py
+  script=benchmarks/${2//-/_}.py
   [[ " $BACKENDS " == *" $backend "* ]] || return 0
   if [ "$DRY" = 1 ]; then
     echo "KERAS_BACKEND=$backend $PY $script"

@@ -472,7 +472,7 @@ def test_demo_bucket_prints_seconds_per_epoch_with_and_without(capsys, monkeypat
     calls = []
     signature = inspect.signature(demo.run_bucket_demo)
     monkeypatch.setattr(
-        demo, "run_bucket_demo",
+        demo.cli, "run_bucket_demo",
         lambda **kw: calls.append(signature.bind(**kw).arguments),
     )
     assert demo.main(["--bucket", "--quick", "--task", "distance"]) == 0

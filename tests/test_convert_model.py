@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from keras import layers, ops
 
-import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN
 from maskedrnn.convert.model import bidirectional_to_masked, convert_model
 from tests.helpers import BACKEND, flat, to_np
@@ -238,16 +237,6 @@ def test_stack_keeps_the_masked_semantics_and_says_where_keras_differs():
         assert "layers" not in message.split("now see")[0]
     else:
         assert messages == []
-
-
-def test_public_paths_keep_working():
-    """`convert_model` moved into the `maskedrnn.convert` package; the old
-    import paths still give the same functions."""
-    from maskedrnn.convert_model import bidirectional_to_masked as old_b2m
-    from maskedrnn.convert_model import convert_model as old_convert_model
-
-    assert maskedrnn.convert_model is convert_model is old_convert_model
-    assert maskedrnn.bidirectional_to_masked is bidirectional_to_masked is old_b2m
 
 
 def test_unregistered_loss_function_converts_without_compile_state():

@@ -124,7 +124,7 @@ def test_vowels_ours_matches_keras_masked(vowels):
 
 @pytest.mark.parametrize("padding", ["pre", "post"])
 def test_vowels_features_standardised_over_valid_frames(padding):
-    data = demo._vowels_data(padding)
+    data = demo.data.vowels_data(padding)
     x_train, _ = datasets.load_japanese_vowels("train")
     x_test, _ = datasets.load_japanese_vowels("test")
     frames = np.concatenate(x_train)
@@ -198,10 +198,43 @@ def test_cli_quick_distance_exits_zero(tmp_path):
     out = proc.stdout
     assert "backend: tensorflow, padding: pre" in out
     assert "save/reload of MaskedBidirectional model: OK" in out
-    for label in demo._MODEL_LABELS.values():
+    for label in demo.models.MODEL_LABELS.values():
         assert f"{label} " in out
         assert "2/2" in out  # the progress bar reached the last epoch
     assert path.is_file()
+
+
+def test_demo_command_quiets_tensorflow_unless_the_user_chose_a_level():
+    from maskedrnn._quiet_demo import is_demo_command, quiet_tensorflow
+
+    assert is_demo_command(["python", "-m", "maskedrnn", "--quick"])
+    assert is_demo_command(["python3", "-u", "-m", "maskedrnn"])
+    assert not is_demo_command(["python", "-m", "maskedrnn.bench"])
+    assert not is_demo_command(["python", "-m", "pytest", "maskedrnn"])
+    assert not is_demo_command(["python", "train.py", "-m"])
+    environ = {}
+    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user's level wins
+    environ = {}
+    quiet_tensorflow(["python", "-m", "pytest"], environ)
+    assert environ == {}  # other programs are left alone
+
+
+@pytest.mark.skipif(
+    BACKEND != "tensorflow", reason="TensorFlow's start-up log: TensorFlow only"
+)
+def test_cli_prints_no_tensorflow_start_up_log():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["KERAS_BACKEND"] = "tensorflow"
+    command = [sys.executable, "-m", "maskedrnn", "--help"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m maskedrnn")
+    for line in ("cpu_feature_guard", "oneDNN", "absl::InitializeLog"):
+        assert line not in proc.stderr, proc.stderr
 
 
 def _results(same=1e-7, drift=1e-7, shift_ours=0.0, shift_keras=0.0, reload_ok=True):
@@ -317,9 +350,9 @@ def rnn_distance(tmp_path_factory):
 
 
 def test_rnn_models_are_one_direction_lstms():
-    data = demo._distance_data("pre", quick=True, seed=0)
+    data = demo.data.distance_data("pre", quick=True, seed=0)
     models = {
-        kind: demo._build_model("distance", kind, data, 4, layer="rnn")
+        kind: demo.models.build_model("distance", kind, data, 4, layer="rnn")
         for kind in demo.RNN_MODEL_NAMES
     }
     ours = models["masked_rnn"].get_layer("rnn")

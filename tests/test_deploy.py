@@ -2,8 +2,9 @@
 
 Train on a GPU (where the inner LSTM/GRU run on cuDNN), infer on a CPU or on
 another backend: that works when the saved file holds nothing tied to a
-device or a backend. This session has no GPU, so a cuDNN training run is not
-exercised here. What is proved instead:
+device or a backend. A cuDNN training run itself needs a GPU
+(tests/test_gpu_to_cpu.py, skipped without one). What is proved here, on any
+machine:
 
 - the file holds only Keras' own layer classes plus `MaskedBidirectional`,
   whose config has no device setting (`use_cudnn` is not serialized, as in

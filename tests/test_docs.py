@@ -355,7 +355,7 @@ def test_module_map_names_every_module(page):
         if rel.endswith("__init__.py"):
             continue
         top = rel.split("/")[0]
-        if top in ("bench", "convert"):
+        if top in ("bench", "convert", "demo"):
             # Subpackages with their own docstrings: named once, as a folder.
             if f"`{top}/`" not in section:
                 missing.append(f"{top}/")

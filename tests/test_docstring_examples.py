@@ -37,7 +37,7 @@ import maskedrnn
 NOT_EXECUTABLE = {}
 # Qualified docstring name -> the test that runs the same call.
 COVERED_ELSEWHERE = {
-    "maskedrnn.demo.run_demo": (
+    "maskedrnn.demo.experiment.run_demo": (
         "trains three models (20-40 s on TensorFlow and JAX); "
         "tests/test_demo.py runs the same quick distance run and checks more"
     ),
@@ -106,7 +106,7 @@ def test_examples_are_found_in_every_documented_module():
         "maskedrnn.losses.masked_loss",
         "maskedrnn.metrics.MaskedAccuracy",
         "maskedrnn.datasets.pad_batch",
-        "maskedrnn.demo.check_agreement",
+        "maskedrnn.demo.checks.check_agreement",
         "maskedrnn.export.pad_batch_rows",
     ):
         assert expected in names

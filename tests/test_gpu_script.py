@@ -73,10 +73,10 @@ def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
 
 
 def run_probe(script, *options):
-    """Runs `scripts/<script>` on this backend; returns the finished process
+    """Runs `benchmarks/<script>` on this backend; returns the finished process
     (asserting it succeeded)."""
     result = subprocess.run(
-        [sys.executable, f"scripts/{script}", *options],
+        [sys.executable, f"benchmarks/{script}", *options],
         cwd=ROOT,
         env=dict(os.environ, KERAS_BACKEND=BACKEND),
         capture_output=True,
@@ -89,7 +89,7 @@ def run_probe(script, *options):
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the probe is torch-only")
 def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
-    """`scripts/cuda_saturated_lstm.py`, which `--part probes` runs on the GPU,
+    """`benchmarks/cuda_saturated_lstm.py`, which `--part probes` runs on the GPU,
     works (here on the CPU, tiny sizes): the saturated call and the layer
     match PyTorch's packed LSTM, and every case is timed. The dry run
     names it."""
@@ -99,12 +99,12 @@ def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     assert all(float(d) < 1e-5 for pair in diffs for d in pair), result.stdout
     for case in ("keras_unmasked", "maskedrnn", "saturated", "torch_packed"):
         assert len(re.findall(rf"^ +{case} ", result.stdout, re.M)) == 4, result.stdout
-    assert "scripts/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
+    assert "benchmarks/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the probe is JAX-only")
 def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
-    """`scripts/jax_cudnn_seq_lengths.py`, which `--part probes` runs on the
+    """`benchmarks/jax_cudnn_seq_lengths.py`, which `--part probes` runs on the
     GPU, works here with `--ref` (JAX's reference for the cuDNN call, tiny
     sizes): one call with per-row `seq_lengths` matches Keras' masked layer,
     bidirectional and one direction, and every case is timed. The dry run
@@ -123,4 +123,4 @@ def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     for case in ("maskedrnn", "cudnn_seq_lengths", "keras_masked"):
         assert max(diffs[case]) < 1e-5, result.stdout
     assert min(diffs["keras_unmasked"]) > 1e-2, result.stdout  # padding read
-    assert "scripts/jax_cudnn_seq_lengths.py" in dry_run(tmp_path).stdout
+    assert "benchmarks/jax_cudnn_seq_lengths.py" in dry_run(tmp_path).stdout

@@ -75,7 +75,7 @@ from maskedrnn.bench.config import (
     build_parser,
     make_mask,
     parse_lengths,
-    valid_first_order,
+    valid_first_permutation,
 )
 from maskedrnn.bench.kernels import KernelRecorder, cudnn_verdict
 from maskedrnn.bench.report import format_table, markdown_table, plot
@@ -104,5 +104,5 @@ __all__ = [
     "plot",
     "run",
     "states_into_sequence",
-    "valid_first_order",
+    "valid_first_permutation",
 ]

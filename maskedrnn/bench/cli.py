@@ -10,9 +10,13 @@ from maskedrnn.bench.timing import run
 def main(argv=None):
     """Command-line entry point; returns the results dict."""
     args = build_parser().parse_args(argv)
-    results = run(args)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+    else:
+        results = run(args)
     print(format_table(results))
-    if args.json:
+    if args.json and not args.from_json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
     if args.plot:

@@ -59,9 +59,9 @@ PRESETS = {
         "repeats": 10,
         "warmup": 2,
     },
-    # The size of the layer-level H100 figures in the project brief (issue 10's
-    # targets): B=64 T=100 D=U=512, with the default lengths uniform in
-    # [20, 100].
+    # The size of the H100 reference figures of Keras' own layers
+    # (docs/benchmarks.md): B=64 T=100 D=U=512, with the default lengths
+    # uniform in [20, 100].
     "gpu": {
         "batch": 64,
         "time": 100,
@@ -168,11 +168,13 @@ def make_mask(lengths, time, padding="post", seed=0):
     )
 
 
-def valid_first_order(mask):
+def valid_first_permutation(mask):
     """Per-row time index that puts the valid steps first (in order).
 
     `x[i, order[i]]` is row `i` with its valid steps moved to the front,
     padding after; `inverse` (its inverse permutation) moves them back.
+    NumPy, for the bench's own data (the PyTorch baselines' gathers); the
+    layers use `maskedrnn.ops.valid_first_order`, in `keras.ops`.
 
     Returns:
         `(order, inverse)`, two int64 numpy arrays shaped like `mask`.
@@ -291,6 +293,12 @@ def build_parser():
         "round)",
     )
     parser.add_argument("--json", metavar="FILE", help="write results as JSON")
+    parser.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="measure nothing: print the table of FILE (written by --json) "
+        "and, with --plot, draw its chart",
+    )
     parser.add_argument(
         "--plot", metavar="FILE.png", help="bar chart of the medians (matplotlib)"
     )

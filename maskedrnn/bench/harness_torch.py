@@ -119,7 +119,7 @@ class Harness:
         directions=2,
     ):
         """A step of PyTorch's module; `order` (from
-        `config.valid_first_order`, for pre-padded data or holes) makes the
+        `config.valid_first_permutation`, for pre-padded data or holes) makes the
         packed module gather each row's valid steps first and scatter its
         outputs back, inside the timed step, as a PyTorch user must."""
         torch = self.torch

@@ -106,9 +106,9 @@ def states_into_sequence(sequence, *states, directions=2):
     backward states...]` of every implementation, Keras' and PyTorch's alike,
     so that the timed output, the loss and the checks all depend on the
     final states. A plain function inside each timed step, not a Keras layer
-    around the timed one: a wrapper layer's `Layer.__call__` (about 0.2-0.3 ms
-    on eager torch, scripts/torch_forward_floor.py) would be charged to the
-    Keras implementations only."""
+    around the timed one: a wrapper layer's `Layer.__call__` (a noticeable
+    cost on eager torch) would be charged to the Keras implementations
+    only."""
     if directions == 1:
         for state in states:
             sequence = sequence + keras.ops.expand_dims(state, 1)
@@ -206,7 +206,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
     kind = getattr(args, "layer", "bidirectional")
     directions = config.LAYERS[kind]["directions"]
     w_np = rng.standard_normal((b, t, directions * u)).astype("float32")
-    order = None if padding == "post" else config.valid_first_order(mask_np)
+    order = None if padding == "post" else config.valid_first_permutation(mask_np)
 
     harness = module.Harness(gpu)
     # "cpu"/"gpu" without an index: on the torch backend (Keras 3.15)
