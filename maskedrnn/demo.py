@@ -55,7 +55,7 @@ the saved one did.
 On the torch backend the demo runs PyTorch with one CPU thread unless told
 otherwise (`threads`, `--threads` or `OMP_NUM_THREADS`): its models are too
 small to gain from more, and on a busy machine a full thread pool makes them
-many times slower (see `maskedrnn._torch_threads`). It prints the count.
+many times slower (see `maskedrnn.backends.torch_threads`). It prints the count.
 """
 
 import argparse
@@ -68,7 +68,7 @@ import time
 import keras
 import numpy as np
 
-from maskedrnn._torch_threads import resolve_threads, torch_cpu_threads
+from maskedrnn.backends.torch_threads import resolve_threads, torch_cpu_threads
 from maskedrnn.bucketing import BucketedDataset
 from maskedrnn.datasets import (
     load_japanese_vowels,

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from maskedrnn import demo
-from maskedrnn._torch_threads import resolve_threads, torch_cpu_threads
+from maskedrnn.backends.torch_threads import resolve_threads, torch_cpu_threads
 
 
 def main(layer):

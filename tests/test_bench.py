@@ -504,7 +504,7 @@ def test_thread_count_is_chosen_and_said(lstm_run, monkeypatch):
         # says otherwise; the caller's own setting is put back afterwards.
         import torch
 
-        from maskedrnn._torch_threads import resolve_threads
+        from maskedrnn.backends.torch_threads import resolve_threads
 
         expected, source = resolve_threads(None)
         if source == "default for small models":

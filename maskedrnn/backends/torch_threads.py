@@ -11,7 +11,7 @@ when `tests/test_demo.py` was written). Other backends are left alone.
 import contextlib
 import os
 
-import keras
+from maskedrnn import backends
 
 # Thread count for small models when neither the caller nor OMP_NUM_THREADS
 # says otherwise.
@@ -50,7 +50,7 @@ def torch_cpu_threads(count):
     Yields:
         `count` on the torch backend, `None` otherwise.
     """
-    if keras.backend.backend() != "torch":
+    if backends.name() != "torch":
         yield None
         return
     import torch
