@@ -4,7 +4,7 @@ faster on a torch CPU. Times it against what `MaskedBidirectional` runs.
 On valid-first (right-padded) data an unpacked bidirectional LSTM kernel
 reads its backward direction from the last step of the time axis, so each
 row's padded tail comes first: `0 0 3 2 1`. With the padding flag of
-`maskedrnn._torch_kernels.saturated_lstm` (forget gate 1, input gate 0 at a
+`maskedrnn.torch_kernels.saturated_lstm` (forget gate 1, input gate 0 at a
 padded step) the zero initial state passes the tail unchanged (`c` stays
 0, so `h = o * tanh(c)` stays 0), and the backward direction then reads
 `3 2 1`: one kernel call gives both directions exactly, with no per-row
@@ -35,7 +35,7 @@ import torch
 from rnn_cpu_batch import left_padded_batch
 
 import maskedrnn
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_direction, torch_kernels
 from maskedrnn.layers import masked_bidirectional
 
 ROUNDS = 30
@@ -50,16 +50,16 @@ def fused(forward, backward, x, layout, want_states):
     units = forward.units
     batch, time_steps = layout.batch, layout.time
     flat = x.reshape(batch * time_steps, x.shape[2])
-    data = _torch_kernels.with_padding_row(flat)
+    data = torch_kernels.with_padding_row(flat)
     data = data.index_select(0, layout.read_index(False))
     data = data.reshape(batch, time_steps, -1)
-    params = _torch_kernels._params(
-        cell, _torch_kernels._saturated_lstm_params
-    ) + _torch_kernels._params(backward.cell, _torch_kernels._saturated_lstm_params)
+    params = torch_kernels._params(
+        cell, torch_kernels._saturated_lstm_params
+    ) + torch_kernels._params(backward.cell, torch_kernels._saturated_lstm_params)
     zeros = x.new_zeros((2, batch, units))
-    flags = _torch_kernels._flags(cell)[:-1] + (True,)  # bidirectional
+    flags = torch_kernels._flags(cell)[:-1] + (True,)  # bidirectional
     out, h, c = torch.lstm(data, (zeros, zeros), params, *flags, True)
-    out = _torch_kernels.with_zero_row(out.reshape(batch * time_steps, 2 * units))
+    out = torch_direction.with_zero_row(out.reshape(batch * time_steps, 2 * units))
     y = out.index_select(0, layout.place_index("zeros", False))
     y = y.reshape(batch, time_steps, 2 * units)
     if not want_states:

@@ -40,7 +40,7 @@ from rnn_cpu_batch import UNITS as units
 from rnn_cpu_batch import interleaved_medians, left_padded_batch
 
 import maskedrnn
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_kernels
 
 cell = sys.argv[1] if len(sys.argv) > 1 else "gru"
 torch.set_num_threads(1)
@@ -77,7 +77,7 @@ packed = torch.nn.utils.rnn.pack_padded_sequence(
 )
 h0 = torch.zeros(1, batch, units)
 hx = [h0] if cell == "gru" else [h0, h0]
-params, kernel, hx = _torch_kernels._kernel(layer.layer, hx)
+params, kernel, hx = torch_kernels._kernel(layer.layer, hx)
 
 
 def kernel_only():

@@ -10,7 +10,7 @@ initial state and the four weights):
   `GRUFunction`);
 - `torch.gru packed`: the kernel on the packed valid steps (`batch_sizes`),
   as `nn.GRU` on a `PackedSequence`;
-- `GRUFunction`: `maskedrnn._torch_kernels.GRUFunction`, what ours runs now.
+- `GRUFunction`: `maskedrnn.torch_kernels.GRUFunction`, what ours runs now.
 
 Inference (forward, `torch.no_grad()`):
 
@@ -51,7 +51,7 @@ from rnn_cpu_batch import (
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
 
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_kernels
 
 torch.set_num_threads(1)
 x, valid, lengths = valid_first_batch()
@@ -144,12 +144,12 @@ def infer(fn):
 train_cases = {
     "torch.gru unpacked": train(gru_unpacked),
     "torch.gru packed": train(gru_packed),
-    "GRUFunction": train(_torch_kernels.GRUFunction.apply),
+    "GRUFunction": train(torch_kernels.GRUFunction.apply),
 }
 infer_cases = {
     "torch.gru packed": infer(gru_packed),
     "torch.gru unpacked": infer(gru_unpacked),
-    "GRUFunction forward": infer(_torch_kernels.GRUFunction.apply),
+    "GRUFunction forward": infer(torch_kernels.GRUFunction.apply),
     "python packed loop": infer(python_packed_loop),
 }
 
@@ -199,6 +199,6 @@ for b, t, d, u in OTHER_SIZES:
         return step
 
     theirs = best_of_two({"kernel": sized(gru_unpacked)})["kernel"]
-    ours = best_of_two({"ours": sized(_torch_kernels.GRUFunction.apply)})["ours"]
+    ours = best_of_two({"ours": sized(torch_kernels.GRUFunction.apply)})["ours"]
     print(f"{b:4d} {t:4d} {d:4d} {u:4d} {theirs:12.2f} {ours:14.2f} "
           f"{ours / theirs:6.2f}")

@@ -4,7 +4,7 @@ exact way ... or show with a profile why none exists").
 
 One direction of `MaskedRNN(LSTM(return_sequences=True, return_state=True))`
 on the torch backend, CPU, one thread, through
-`maskedrnn._torch_kernels.run_direction` (what the layer calls):
+`maskedrnn.torch_direction.run_direction` (what the layer calls):
 
 - `packed`: PyTorch's packed kernel (`torch.lstm` with `batch_sizes`): only
   the valid steps run, final states exact (`run_direction(packed=True)`).
@@ -22,7 +22,7 @@ on the torch backend, CPU, one thread, through
 - `saturated`: the unpacked kernel over the valid-first data with one input
   feature more, a padding flag whose weights pin the forget gate to 1 and
   the input gate to 0 at padded steps, so the kernel's own final `c` is
-  each row's (`_torch_kernels.saturated_lstm`; `run_direction(packed=False)`).
+  each row's (`torch_kernels.saturated_lstm`; `run_direction(packed=False)`).
   What the layers run now, in inference and training.
 
 Each path is timed on fresh batches (new lengths every call, as in real
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 import maskedrnn
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_direction, torch_kernels
 from maskedrnn.layers import final_state
 
 # (batch, time, features = units, shortest length as a fraction of time).
@@ -89,17 +89,17 @@ def chunked_lstm(data, batch_sizes, hx, params, has_biases, layers, dropout, tra
 
 @contextlib.contextmanager
 def chunked_kernel():
-    kernel = _torch_kernels._kernel
+    kernel = torch_kernels._kernel
 
     def patched(inner, hx):
         params, _, hx = kernel(inner, hx)
         return params, chunked_lstm, hx
 
-    _torch_kernels._kernel = patched
+    torch_kernels._kernel = patched
     try:
         yield
     finally:
-        _torch_kernels._kernel = kernel
+        torch_kernels._kernel = kernel
 
 
 def recompute_direction(inner, x, layout):
@@ -109,14 +109,14 @@ def recompute_direction(inner, x, layout):
     batch, time, features = x.shape
     units = inner.units
     index = layout.read_index(False)
-    data = _torch_kernels.with_zero_row(x.reshape(batch * time, features))
+    data = torch_direction.with_zero_row(x.reshape(batch * time, features))
     data = data.index_select(0, index).reshape(batch, time, features)
     h0 = c0 = x.new_zeros((batch, units))
-    out = _torch_kernels._unpacked(inner, data, [h0, c0])
+    out = torch_kernels._unpacked(inner, data, [h0, c0])
     c = final_state.lstm_cell_state_at_length(
         inner.cell, data, out, h0, c0, layout.lengths
     )
-    flat = _torch_kernels.with_zero_row(out.reshape(batch * time, units))
+    flat = torch_direction.with_zero_row(out.reshape(batch * time, units))
     has_steps = layout.has_steps[:, None]
     h = torch.where(has_steps, flat.index_select(0, layout.last_index(False)), h0)
     c = torch.where(has_steps, c, c0)
@@ -159,13 +159,13 @@ def main():
         chunks = []
 
         def direction(x, mask, way):
-            layout = _torch_kernels.Layout(mask)
+            layout = torch_direction.Layout(mask)
             if way in ("packed", "chunked"):
                 chunks.append(int(torch.unique(layout.batch_sizes).numel()))
             if way == "recompute":
                 return recompute_direction(inner, x, layout)
             with chunked_kernel() if way == "chunked" else contextlib.nullcontext():
-                return _torch_kernels.run_direction(
+                return torch_direction.run_direction(
                     inner, x, None, layout, place="held_zeros",
                     packed=way in ("packed", "chunked"),
                 )

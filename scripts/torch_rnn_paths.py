@@ -1,6 +1,6 @@
 """A SimpleRNN direction's training on torch CPU: PyTorch's kernel
 (`torch.rnn_tanh` / `torch.rnn_relu`, its backward pass autograd's replay of
-the recorded per-step ops) against `maskedrnn._torch_kernels.SimpleRNNFunction`
+the recorded per-step ops) against `maskedrnn.torch_kernels.SimpleRNNFunction`
 (what a masked SimpleRNN runs while gradients are recorded), one thread.
 
 First on the CPU benchmark's MaskedRNN batch (B=32 T=100 D=U=64, lengths
@@ -28,7 +28,7 @@ from rnn_cpu_batch import (
 from rnn_cpu_batch import TIME as time_steps
 from rnn_cpu_batch import UNITS as units
 
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_kernels
 
 torch.set_num_threads(1)
 x, valid, lengths = valid_first_batch()
@@ -49,7 +49,7 @@ def kernel(relu):
 
 def function(relu):
     def run(x, h0, *params):
-        return _torch_kernels.SimpleRNNFunction.apply(x, h0, *params, relu)
+        return torch_kernels.SimpleRNNFunction.apply(x, h0, *params, relu)
 
     return run
 

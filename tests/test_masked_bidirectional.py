@@ -11,8 +11,7 @@ import pytest
 from keras import ops
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional
-from maskedrnn.layers import kernels
+from maskedrnn import MaskedBidirectional, backends
 from tests.helpers import (
     assert_close,
     flat,
@@ -216,12 +215,13 @@ def _spy_masks(layer):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
+@backends.force("keras-unmasked")
+def test_inner_rnns_never_receive_a_mask(kind):
     """Keras fills `mask` from a mask attached to a tensor: prove it stays None
     on the fast path, through Embedding(mask_zero=True) and with lengths.
-    (PyTorch's native kernels, the torch default on CPU, do not call the
-    inner layers at all: turned off here; tests/test_backends.py covers them.)"""
-    monkeypatch.setattr(kernels, "native_reason", lambda inner, x: "turned off")
+    (Keras' unmasked inner layers forced: PyTorch's native kernels, the
+    torch default on CPU, do not call them at all, tests/test_backends.py
+    covers those; a JAX CPU runs Keras' masked loop by default.)"""
     assert MaskedBidirectional(make_cell_layer(kind)).uses_fast_path
     layer = MaskedBidirectional(make_cell_layer(kind, return_sequences=True))
     seen = _spy_masks(layer)

@@ -12,9 +12,8 @@ import pytest
 from keras import ops
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional, MaskedRNN, convert
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends, convert
 from maskedrnn._keras_private import get_keras_mask
-from maskedrnn.layers import kernels
 from tests.helpers import (
     BACKEND,
     assert_close,
@@ -277,11 +276,12 @@ def _spy_masks(layer):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_wrapped_rnn_never_receives_a_mask(kind, monkeypatch):
-    """Through Embedding(mask_zero=True), with lengths, and go_backwards. (On
-    torch CPU the default is PyTorch's native kernel, which calls no Keras
-    layer: turned off here, and proven separately below.)"""
-    monkeypatch.setattr(kernels, "native_reason", lambda inner, x: "turned off")
+@backends.force("keras-unmasked")
+def test_wrapped_rnn_never_receives_a_mask(kind):
+    """Through Embedding(mask_zero=True), with lengths, and go_backwards.
+    (Keras' unmasked layer forced: on torch CPU the default is PyTorch's
+    native kernel, which calls no Keras layer, proven separately below; a
+    JAX CPU runs Keras' masked loop by default.)"""
     for go_backwards in (False, True):
         layer = MaskedRNN(
             make_rnn(kind, U, return_sequences=True, go_backwards=go_backwards)

@@ -265,6 +265,11 @@ def run(way, inner, x, initial_state, training, steps, want_states):
     """
     if not way.startswith("torch"):
         return keras_ways.run(way, inner, x, initial_state, training, steps)
+    return run_native(way, inner, x, initial_state, steps, want_states)
+
+
+def run_native(way, inner, x, initial_state, steps, want_states):
+    """`run` for the torch ways: PyTorch's kernel over valid-first `x`."""
     packed = way == "torch-packed"
     if packed or want_states:
         layout = Layout.from_lengths(steps.lengths, x.shape[1])

@@ -13,15 +13,8 @@ import functools
 
 import torch
 
-from maskedrnn.backends.torch_kernels import (
-    LSTM,
-    _flags,
-    _kernel,
-    _unpacked,
-    as_tensor,
-    saturated_lstm,
-    with_padding_row,
-)
+from maskedrnn.backends import torch_kernels
+from maskedrnn.backends.torch_kernels import LSTM, as_tensor, with_padding_row
 
 
 class Layout:
@@ -269,9 +262,11 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         # for the rows that have at least one step.
         active = layout.active
         hx = [state.index_select(0, active)[None] for state in states]
-        params, fn, hx = _kernel(inner, hx)
+        params, fn, hx = torch_kernels._kernel(inner, hx)
         # Packed form: (data, batch_sizes, hx, params, *flags).
-        out, *final = fn(data, layout.batch_sizes, hx, params, *_flags(cell))
+        out, *final = fn(
+            data, layout.batch_sizes, hx, params, *torch_kernels._flags(cell)
+        )
         # Final states of the active rows into their places; the others
         # keep their initial state.
         if want_states:
@@ -286,9 +281,9 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         source = with_padding_row(x) if saturate else with_zero_row(x)
         data = source.index_select(0, index).reshape(batch, time, -1)
         if saturate:
-            out, c = saturated_lstm(inner, data, states)
+            out, c = torch_kernels.saturated_lstm(inner, data, states)
         else:
-            out = _unpacked(inner, data, states)
+            out = torch_kernels._unpacked(inner, data, states)
         out = with_zero_row(out.reshape(batch * time, units))
         if want_states:
             # h is the output after each row's last valid step (the initial
