@@ -68,6 +68,7 @@ import time
 import keras
 import numpy as np
 
+from maskedrnn import backends
 from maskedrnn.backends.torch_threads import resolve_threads, torch_cpu_threads
 from maskedrnn.bucketing import BucketedDataset
 from maskedrnn.datasets import (
@@ -531,7 +532,7 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
         data = _vowels_data(padding)
     else:
         data = _distance_data(padding, quick, seed)
-    backend = keras.backend.backend()
+    backend = backends.name()
     if verbose:
         print(
             f"maskedrnn demo: task={task} backend={backend} padding={padding} "
@@ -899,7 +900,7 @@ def _bucket_demo(task, padding, seed, quick, settings, num_buckets, verbose, lay
         carry_remainder=True,
     )
     train_data = dataset
-    if keras.backend.backend() == "tensorflow":
+    if backends.name() == "tensorflow":
         train_data = dataset.to_tf_dataset()
     keras.utils.set_random_seed(seed)
     models = {}
@@ -933,7 +934,7 @@ def _bucket_demo(task, padding, seed, quick, settings, num_buckets, verbose, lay
         }
     if verbose:
         print(
-            f"maskedrnn demo --bucket: task={task} backend={keras.backend.backend()} "
+            f"maskedrnn demo --bucket: task={task} backend={backends.name()} "
             f"padding={padding} epochs={settings['epochs']} "
             f"batch_size={settings['batch_size']} units={settings['units']}"
         )

@@ -84,7 +84,7 @@ OUTPUT_CASES = [(m, True, True) for m in MERGE_MODES] + [
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("merge_mode, return_sequences, return_state", OUTPUT_CASES)
 def test_matches_keras_bidirectional_with_mask(
-    kind, merge_mode, return_sequences, return_state, grad_mode
+    kind, merge_mode, return_sequences, return_state, grad_mode, way
 ):
     ours, ref = pair(
         kind,
@@ -97,7 +97,7 @@ def test_matches_keras_bidirectional_with_mask(
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
-def test_gradients_match_keras(kind):
+def test_gradients_match_keras(kind, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(1), mask_patterns()
     loss_o, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -110,7 +110,7 @@ def test_gradients_match_keras(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_gradients_match_keras_last_output(kind):
+def test_gradients_match_keras_last_output(kind, way):
     ours, ref = pair(kind, return_sequences=False)
     x, mask = make_inputs(2), mask_patterns()
     _, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -120,7 +120,7 @@ def test_gradients_match_keras_last_output(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_lengths_equal_right_padded_mask(kind, grad_mode):
+def test_lengths_equal_right_padded_mask(kind, grad_mode, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x = make_inputs(3)
     lengths = np.array([7, 3, 0, 1, 5, 7], "int32")
@@ -131,14 +131,14 @@ def test_lengths_equal_right_padded_mask(kind, grad_mode):
     assert_all_close(ours(x, mask=np.ones((B, T), bool), lengths=lengths), expected)
 
 
-def test_no_mask_equals_unmasked_bidirectional():
+def test_no_mask_equals_unmasked_bidirectional(way):
     ours, ref = pair("lstm", return_sequences=True, return_state=True)
     x = make_inputs(4)
     assert_all_close(ours(x), ref(x))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_initial_state(kind, grad_mode):
+def test_initial_state(kind, grad_mode, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(5), mask_patterns()
     n = 4 if kind == "lstm" else 2

@@ -219,7 +219,7 @@ def describe(way, inner, want_states, options):
     if not way.startswith("torch"):
         text = keras_ways.describe(way, inner, options)
         native = dict(options)["torch-unpacked"]
-        if way == "keras-unmasked" and native is not None:
+        if way == "keras-unmasked" and native is not None and native.hard:
             text += f". Not PyTorch's native kernel: {native}"
         return text
     name = type(inner).__name__
