@@ -168,13 +168,9 @@ def packed_preferred(inner):
     PyTorch's packed CPU kernels skip the padded steps and return exact
     final states, but their backward pass is slower than the unpacked
     kernels', and an unpacked LSTM runs PyTorch's fused oneDNN kernel,
-    which the packed one does not (the CPU benchmark, B=32 T=100 D=U=64,
-    38% padding, one thread, `torch_packed` / `torch_unpacked` in
-    docs/results/cpu-torch-rnn-{lstm,gru}.json: `nn.LSTM` fwd+bwd 23.8 /
-    4.8 ms, fwd 4.3 / 1.4 ms; `nn.GRU` fwd+bwd 20.2 / 13.5 ms, fwd 3.1 /
-    3.4 ms). So training runs the unpacked kernel over the zero-padded
-    valid-first data (a GRU's is `GRUFunction`, 11.8 ms for the whole
-    layer there), and so does every LSTM call: with its final states
+    which the packed one does not (docs/benchmarks.md). So training runs
+    the unpacked kernel over the zero-padded valid-first data (a GRU's is
+    `GRUFunction`), and so does every LSTM call: with its final states
     wanted, the padded steps are made to leave the cell state untouched
     (`saturated_lstm`), so the kernel's own final `c` is exact; `h` is
     read at each row's length. A GRU's or SimpleRNN's inference runs

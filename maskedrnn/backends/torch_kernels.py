@@ -148,12 +148,9 @@ def saturated_lstm(inner, data, states):
     and no gradient flows into the tail's gates (both sigmoid derivatives
     are 0 there). Only `c` passes through: `h` over the tail is not the
     row's final `h`, which is read off the outputs. The price is one input
-    feature (at the CPU benchmark's size the layer's forward pass takes 2.6
-    ms with states against 2.4 without, docs/results/cpu-torch-rnn-lstm*.
-    json); the alternatives cost more (PyTorch's packed LSTM, 1.5-2.9x
-    this in inference; a second pass over every step to recompute `c`,
-    1.6-2.7x this in training: scripts/torch_lstm_state_paths.py,
-    docs/results/torch-lstm-state-paths.txt).
+    feature; the alternatives cost more (PyTorch's packed LSTM in
+    inference, a second pass over every step to recompute `c` in training:
+    docs/benchmarks.md, "An LSTM's exact states on torch").
 
     Args:
         inner: The inner LSTM layer.
@@ -273,15 +270,9 @@ class GRUFunction(torch.autograd.Function):
     the whole sequence), runs only the recurrence of the state's gradient
     backwards (per step an elementwise product, an `addcmul` and one
     `(batch, 3 units) x (3 units, units)` matmul) and gets the gradients
-    of the weights and the inputs with one matmul each over all steps.
-    At the CPU benchmark's size (B=32 T=100 D=U=64, 38% padding, one
-    thread) a whole training step of `MaskedRNN(GRU)` or
-    `MaskedBidirectional(GRU)` takes 0.79-0.88 of unpacked `nn.GRU`'s over
-    the same padded batch (`maskedrnn/torch_unpacked`,
-    fwd+bwd, docs/results/cpu-torch-{gru,rnn-gru*}.json), where with
-    `torch.gru` it took 1.10; the direction alone takes 0.72 of `torch.gru`
-    unpacked's time there, and 0.36-0.92 at six other sizes
-    (scripts/torch_gru_paths.py, docs/results/torch-gru-paths.txt).
+    of the weights and the inputs with one matmul each over all steps:
+    faster in training than `torch.gru`'s autograd replay on a CPU
+    (docs/benchmarks.md).
 
     Equations (PyTorch's gate order r, z, n; `*` elementwise; `h_{-1}`
     the initial state):
@@ -414,10 +405,7 @@ class SimpleRNNFunction(torch.autograd.Function):
     step an elementwise product and one `(batch, units) x (units, units)`
     matmul) and gets the gradients of the weights and the inputs with one
     matmul each over all steps, where autograd's replay of `torch.rnn_tanh`
-    runs several ops and two matmuls per step. One thread: 0.66 (tanh) /
-    0.70 (relu) of PyTorch's kernel's fwd+bwd time at B=32 T=100 D=U=64,
-    0.38-0.97 at six other sizes (scripts/torch_rnn_paths.py,
-    docs/results/torch-rnn-paths.txt).
+    runs several ops and two matmuls per step (docs/benchmarks.md).
 
     Equations (`h_{-1}` the initial state, `f` tanh or relu):
 

@@ -2,10 +2,9 @@
 
 PyTorch sizes its intra-op thread pool to every core. For models as small as
 the demo's (a 64-unit LSTM, batches of 32) the per-op work is too small to
-split, and on a busy machine the pool's threads wait on each other: on a
-shared 2-core machine the quick Japanese Vowels run took ~13x more CPU time
-with the default pool than with one thread (121 s against 9 s, measured
-when `tests/test_demo.py` was written). Other backends are left alone.
+split, and on a busy machine the pool's threads wait on each other, so
+the demo and the bench default to one thread. Other backends are left
+alone.
 """
 
 import contextlib

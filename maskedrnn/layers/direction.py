@@ -52,10 +52,7 @@ def zero_masked_inputs(x, mask):
     and with the zeroing written in that order XLA fuses it into that
     transpose, so a forward pass makes one pass over `x`, as Keras' own
     masked loop does, instead of two (under a gradient both forms make
-    three: XLA moves the transpose to the backward side). JAX CPU, one
-    thread: `KERAS_BACKEND=jax python scripts/masked_loop_zeroing.py`, which
-    times both forms against Keras' masked layer (docs/results/
-    masked-loop-zeroing-jax.txt).
+    three: XLA moves the transpose to the backward side; docs/benchmarks.md).
 
     Args:
         x: Float tensor `(batch, time, features)`.
@@ -160,8 +157,7 @@ def run(way, inner, x, steps, initial_state=None, training=None, want_states=Tru
 def with_zero_step(y):
     """`y` with one step of zeros appended to its time axis: gathering index
     `time` then reads zeros. Used instead of `where(mask, y, 0)` on the
-    outputs, which PyTorch runs 8x slower than a gather on a CPU (32 x 100 x
-    64 floats, one thread: 240 vs 30 us)."""
+    outputs, which PyTorch runs much slower than a gather on a CPU."""
     return ops.concatenate([y, ops.zeros_like(y[:, :1])], axis=1)
 
 

@@ -85,17 +85,17 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     Call arguments:
         inputs: Float tensor of shape `(batch, time, features)`.
+        initial_state: Optional list of initial state tensors: the first half
+            for the forward layer (e.g. `[h, c]` for an LSTM), the second half
+            for the backward layer.
         mask: Optional boolean tensor of shape `(batch, time)`, usually
             attached by an upstream layer (`Embedding(mask_zero=True)`,
             `Masking`). Any pattern works: right-padded, left-padded (the
             default of `keras.utils.pad_sequences`), holes, all-padding rows.
+        training: Python boolean, passed to the inner layers (dropout).
         lengths: Optional integer tensor of shape `(batch,)`: the data is
             right-padded and row `i` has `lengths[i]` valid steps. When given,
             it wins over `mask` and saves one gather.
-        initial_state: Optional list of initial state tensors: the first half
-            for the forward layer (e.g. `[h, c]` for an LSTM), the second half
-            for the backward layer.
-        training: Python boolean, passed to the inner layers (dropout).
 
     Input shape:
         3D tensor `(batch, time, features)`; `batch` and `time` may be `None`.

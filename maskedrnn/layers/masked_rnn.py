@@ -79,16 +79,16 @@ class MaskedRNN(direction.MaskedWrapper):
 
     Call arguments:
         inputs: Float tensor of shape `(batch, time, features)`.
+        initial_state: Optional list of initial state tensors (`[h, c]` for
+            an LSTM, `[h]` for a GRU or SimpleRNN), each `(batch, units)`.
         mask: Optional boolean tensor of shape `(batch, time)`, usually
             attached by an upstream layer (`Embedding(mask_zero=True)`,
             `Masking`). Any pattern: right-padded, left-padded, holes,
             all-padding rows.
+        training: Python boolean, passed on for dropout.
         lengths: Optional integer tensor of shape `(batch,)`: the data is
             right-padded and row `i` has `lengths[i]` valid steps. When
             given, it wins over `mask` and saves one gather.
-        initial_state: Optional list of initial state tensors (`[h, c]` for
-            an LSTM, `[h]` for a GRU or SimpleRNN), each `(batch, units)`.
-        training: Python boolean, passed on for dropout.
 
     Input shape:
         3D tensor `(batch, time, features)`; `batch` and `time` may be `None`.
