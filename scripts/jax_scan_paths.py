@@ -9,7 +9,7 @@ Cases, for an LSTM and a GRU of `U` units:
 - `keras loop`: Keras' generic step loop (`backend.rnn` over the cell's
   `call`, the layer with `use_cudnn=False`): what Keras' masked layer runs
   on a JAX CPU, and, with the mask, what ours runs there
-  (`maskedrnn.layers.kernels.jax_cpu_reason`);
+  (`maskedrnn.backends.jax.cpu_why`);
 - `keras backend.gru` (GRU only): Keras' unmasked JAX GRU kernel (the input
   projections of all steps in one matmul, then a `lax.scan`), which a JAX
   GPU runs (JAX has no cuDNN GRU) and ours avoids on a JAX CPU;
@@ -24,7 +24,7 @@ the benchmark's size (B=32 T=100 D=U=64) and at the torch scripts' other
 sizes (`rnn_cpu_batch.OTHER_SIZES`); each the better of two medians of 15
 interleaved rounds after 3 warm-up calls, and the largest difference of the
 outputs from `keras loop`. The question is whether `own scan` is faster at
-every size, as `_torch_kernels.GRUFunction` is on torch: a backend-specific
+every size, as `torch_kernels.GRUFunction` is on torch: a backend-specific
 path is worth its code only then.
 
     python scripts/jax_scan_paths.py > docs/results/jax-scan-paths.txt

@@ -35,8 +35,8 @@ import torch
 from rnn_cpu_batch import left_padded_batch
 
 import maskedrnn
+from maskedrnn.backends import torch as torch_backend
 from maskedrnn.backends import torch_direction, torch_kernels
-from maskedrnn.layers import masked_bidirectional
 
 ROUNDS = 30
 
@@ -80,7 +80,7 @@ def main():
         f"bidirectional call, median of {ROUNDS} interleaved rounds (ms)"
     )
     print(f"{'return_state':13}{'mode':7}{'layer':>9}{'fused':>9}{'fused/layer':>13}")
-    original = masked_bidirectional.direction.run_in_torch
+    original = torch_backend.run_direction
     for return_state in (False, True):
         layer = maskedrnn.MaskedBidirectional(
             keras.layers.LSTM(64, return_sequences=True, return_state=return_state)
@@ -89,7 +89,9 @@ def main():
         weights = [v.value for v in layer.trainable_variables]
         calls = {}
 
-        def fused_run_in_torch(inner, x, layout, initial_state, reverse, place, want):
+        def fused_run_direction(
+            way, inner, x, layout, initial_state, reverse, place, want
+        ):
             # The layer asks for the forward direction first: run both then.
             if not reverse:
                 calls["both"] = fused(
@@ -101,8 +103,8 @@ def main():
             return y_bwd, s_bwd
 
         def call(way, train):
-            masked_bidirectional.direction.run_in_torch = (
-                fused_run_in_torch if way == "fused" else original
+            torch_backend.run_direction = (
+                fused_run_direction if way == "fused" else original
             )
             try:
                 if not train:
@@ -113,7 +115,7 @@ def main():
                 out = out if isinstance(out, (list, tuple)) else [out]
                 return torch.autograd.grad(sum(o.sum() for o in out), [xl] + weights)
             finally:
-                masked_bidirectional.direction.run_in_torch = original
+                torch_backend.run_direction = original
 
         for train in (False, True):
             a, b = call("layer", train), call("fused", train)
