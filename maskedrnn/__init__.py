@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from maskedrnn import bucketing, convert, datasets, export, ops
+from maskedrnn import backends, bucketing, convert, datasets, export, ops
 from maskedrnn.convert.checkpoint import load_weights
 from maskedrnn.convert_model import bidirectional_to_masked, convert_model
 from maskedrnn.ctc import MaskedCTC, ctc_decode, ctc_ids_to_text, masked_ctc
@@ -22,6 +22,7 @@ __all__ = [
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
     "MaskedRNN",
+    "backends",
     "bidirectional_to_masked",
     "bucketing",
     "convert",
