@@ -34,7 +34,7 @@ def keras_backend_rnn(backend):
     """`keras.src.backend.<backend>.rnn` for "tensorflow" or "jax".
 
     Its `_is_gpu_available()` is the test Keras' own `lstm`/`gru` make before
-    trying cuDNN; `maskedrnn._backend.has_fused_rnn_kernel` asks the same one,
+    trying cuDNN; `maskedrnn.backends.<backend>.has_fused_rnn_kernel` asks the same one,
     so that both agree (and a test that fakes a GPU fakes it for both).
     """
     import importlib

@@ -1,8 +1,8 @@
 """What MaskedRNN adds around Keras' masked step loop, where it runs that
 loop itself, and what its zeroing of the masked inputs costs in each form.
 
-Where no fused kernel is kept (every RNN on a JAX CPU, `kernels.
-jax_cpu_reason`; `keras.layers.RNN(cell)` on every backend; an LSTM whose
+Where no fused kernel is kept (every RNN on a JAX CPU,
+`maskedrnn.backends.jax.cpu_why`; `keras.layers.RNN(cell)` on every backend; an LSTM whose
 states are wanted on a TensorFlow CPU) ours calls Keras' masked loop on the
 batch as it is, after zeroing the inputs at masked steps (so that inf or NaN
 there reach neither outputs nor gradients). Cases, on the CPU benchmark's

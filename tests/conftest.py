@@ -32,7 +32,7 @@ layer for a generic cell) skips that run, saying why.
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
 kernel over valid-first data, and its packed kernel, which returns the final
-states itself; `maskedrnn._torch_kernels.run_direction`).
+states itself; `maskedrnn.backends.torch_direction.run_direction`).
 """
 
 import keras

@@ -206,7 +206,7 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-4)
     for g, want in zip(grads, ref_grads):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
-    # An LSTM returning states gives the older reason (`states_reason`).
+    # An LSTM returning states gives the older reason (`keras_ways.states_why`).
     why = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
     for sentence in ours.kernel_info().values():
         assert "masked step loop" in sentence and why in sentence
@@ -351,7 +351,7 @@ def test_torch_lstm_states_come_from_its_unpacked_kernel(grad, monkeypatch):
     """An LSTM whose final states are wanted runs PyTorch's unpacked (fused
     oneDNN) kernel, in inference and training: one call over all `B x T`
     steps, with one input feature more (the padding flag,
-    `_torch_kernels.saturated_lstm`), and the final `[h, c]` equal Keras'
+    `torch_kernels.saturated_lstm`), and the final `[h, c]` equal Keras'
     masked LSTM's, also for the all-padding row (its initial state) and
     with an initial state. NaN in the padding reaches neither the results
     nor the gradients, and the padding's gradient is exactly zero."""
