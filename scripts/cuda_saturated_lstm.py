@@ -3,7 +3,7 @@
 On a torch CPU an LSTM's exact final cell state comes from PyTorch's fused
 kernel itself: the kernel reads a padding flag whose `W_ih` column pins the
 forget gate to 1 and the input gate to 0 at padded steps, so `c` passes the
-padded tail unchanged (`maskedrnn.torch_kernels.saturated_lstm`). On CUDA
+padded tail unchanged (`maskedrnn.backends.torch_kernels.saturated_lstm`). On CUDA
 the layers still run Keras' unmasked cuDNN LSTM and recompute `c` from the
 outputs (`maskedrnn.layers.final_state`), about 3/4 of the LSTM's own
 arithmetic again. Keras' torch backend reaches cuDNN through

@@ -2,10 +2,11 @@
 loop itself, and what its zeroing of the masked inputs costs in each form.
 
 Where no fused kernel is kept (every RNN on a JAX CPU,
-`maskedrnn.backends.jax.cpu_why`; `keras.layers.RNN(cell)` on every backend; an LSTM whose
-states are wanted on a TensorFlow CPU) ours calls Keras' masked loop on the
-batch as it is, after zeroing the inputs at masked steps (so that inf or NaN
-there reach neither outputs nor gradients). Cases, on the CPU benchmark's
+`maskedrnn.backends.jax.cpu_why`; `keras.layers.RNN(cell)` on every
+backend; an LSTM whose states are wanted on a TensorFlow CPU) ours calls
+Keras' masked loop on the batch as it is, after zeroing the inputs at
+masked steps (so that inf or NaN there reach neither outputs nor
+gradients). Cases, on the CPU benchmark's
 MaskedRNN batch (B=32 T=100 D=U=64, lengths uniform in [20, 100],
 left-padded), one thread, the bench's harness (`jax.jit`, `tf.function`,
 eager torch), forward (`infer`) and fwd+bwd (`train`, gradients w.r.t.

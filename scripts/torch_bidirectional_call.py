@@ -4,7 +4,7 @@ faster on a torch CPU. Times it against what `MaskedBidirectional` runs.
 On valid-first (right-padded) data an unpacked bidirectional LSTM kernel
 reads its backward direction from the last step of the time axis, so each
 row's padded tail comes first: `0 0 3 2 1`. With the padding flag of
-`maskedrnn.torch_kernels.saturated_lstm` (forget gate 1, input gate 0 at a
+`maskedrnn.backends.torch_kernels.saturated_lstm` (forget gate 1, input gate 0 at a
 padded step) the zero initial state passes the tail unchanged (`c` stays
 0, so `h = o * tanh(c)` stays 0), and the backward direction then reads
 `3 2 1`: one kernel call gives both directions exactly, with no per-row

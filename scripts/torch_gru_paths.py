@@ -10,7 +10,7 @@ initial state and the four weights):
   `GRUFunction`);
 - `torch.gru packed`: the kernel on the packed valid steps (`batch_sizes`),
   as `nn.GRU` on a `PackedSequence`;
-- `GRUFunction`: `maskedrnn.torch_kernels.GRUFunction`, what ours runs now.
+- `GRUFunction`: `maskedrnn.backends.torch_kernels.GRUFunction`, what ours runs now.
 
 Inference (forward, `torch.no_grad()`):
 

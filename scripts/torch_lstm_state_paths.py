@@ -4,7 +4,7 @@ exact way ... or show with a profile why none exists").
 
 One direction of `MaskedRNN(LSTM(return_sequences=True, return_state=True))`
 on the torch backend, CPU, one thread, through
-`maskedrnn.torch_direction.run_direction` (what the layer calls):
+`maskedrnn.backends.torch_direction.run_direction` (what the layer calls):
 
 - `packed`: PyTorch's packed kernel (`torch.lstm` with `batch_sizes`): only
   the valid steps run, final states exact (`run_direction(packed=True)`).

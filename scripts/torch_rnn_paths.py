@@ -1,6 +1,6 @@
 """A SimpleRNN direction's training on torch CPU: PyTorch's kernel
 (`torch.rnn_tanh` / `torch.rnn_relu`, its backward pass autograd's replay of
-the recorded per-step ops) against `maskedrnn.torch_kernels.SimpleRNNFunction`
+the recorded per-step ops) against `maskedrnn.backends.torch_kernels.SimpleRNNFunction`
 (what a masked SimpleRNN runs while gradients are recorded), one thread.
 
 First on the CPU benchmark's MaskedRNN batch (B=32 T=100 D=U=64, lengths
