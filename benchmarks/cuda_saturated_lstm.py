@@ -3,7 +3,7 @@
 On a torch CPU an LSTM's exact final cell state comes from PyTorch's fused
 kernel itself: the kernel reads a padding flag whose `W_ih` column pins the
 forget gate to 1 and the input gate to 0 at padded steps, so `c` passes the
-padded tail unchanged (`maskedrnn._torch_kernels.saturated_lstm`). On CUDA
+padded tail unchanged (`maskedrnn.backends.torch_kernels.saturated_lstm`). On CUDA
 the layers still run Keras' unmasked cuDNN LSTM and recompute `c` from the
 outputs (`maskedrnn.layers.final_state`), about 3/4 of the LSTM's own
 arithmetic again. Keras' torch backend reaches cuDNN through
@@ -19,7 +19,7 @@ forward+backward (gradients w.r.t. the inputs and every weight):
   with `lengths=`, as it runs here now (on CUDA: Keras' cuDNN LSTM and the
   recomputation of `c`);
 - `saturated`: `torch.lstm` on the inputs with the padding flag appended
-  and `_torch_kernels._saturated_lstm_params`, `h` read at each row's
+  and `torch_kernels._saturated_lstm_params`, `h` read at each row's
   length, `c` the kernel's own; bidirectional: one bidirectional call,
   whose backward direction reads each row's padded tail first, from the
   zero state the flag keeps (`c` stays 0, so `h` stays 0), so it needs no
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import maskedrnn
-from maskedrnn import _torch_kernels
+from maskedrnn.backends import torch_kernels
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--device", default="cuda")
@@ -116,7 +116,7 @@ def build(directions):
     def saturated(x):
         # The backward direction (if any) reads each row's padded tail first,
         # from the zero state, which the flag keeps: c stays 0, h stays 0.
-        params = kernel_args(_torch_kernels._saturated_lstm_params)
+        params = kernel_args(torch_kernels._saturated_lstm_params)
         y, h, c = torch.lstm(
             torch.cat([x, flag], -1), (zeros, zeros), params, True, 1, 0.0,
             torch.is_grad_enabled(), directions == 2, True,
@@ -127,7 +127,7 @@ def build(directions):
         return with_states(y, states)
 
     def torch_packed(x):
-        params = kernel_args(_torch_kernels._plain_params)
+        params = kernel_args(torch_kernels._plain_params)
         seq = torch.nn.utils.rnn.pack_padded_sequence(
             x, lengths_cpu, batch_first=True, enforce_sorted=False
         )

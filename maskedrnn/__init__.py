@@ -10,6 +10,7 @@ __version__ = "0.2.0"
 # `_quiet_demo` first: it must run before TensorFlow loads.
 from maskedrnn import (
     _quiet_demo,  # noqa: F401
+    backends,
     bucketing,
     convert,
     datasets,
@@ -35,6 +36,7 @@ __all__ = [
     "MaskedMeanAbsoluteError",
     "MaskedMeanSquaredError",
     "MaskedRNN",
+    "backends",
     "bidirectional_to_masked",
     "bucketing",
     "convert",

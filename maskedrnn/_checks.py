@@ -34,7 +34,7 @@ loud without any backend-specific code:
 import keras
 from keras import name_scope, ops
 
-from maskedrnn import _backend
+from maskedrnn import backends
 from maskedrnn._keras_private import ConvLSTM
 from maskedrnn.masking import as_bool
 
@@ -269,7 +269,7 @@ def check_lengths(lengths, x):
     # A batch size known only at run time: fail there, never broadcast.
     lengths = match_leading_dims(lengths, x, 1, "lengths")
     time = ops.shape(x)[1]
-    if not _backend.is_concrete(lengths):
+    if not backends.current().is_concrete(lengths):
         # Compiled code cannot raise on values: rows with a length outside
         # [0, time] get NaN in every output and state (docs/errors.md).
         return clamp_lengths(lengths, time), invalid_lengths(lengths, time)

@@ -45,8 +45,9 @@ def keras_backend_rnn(backend):
     """`keras.src.backend.<backend>.rnn` for "tensorflow", "jax" or "torch".
 
     Its `_is_gpu_available()` is the test Keras' own `lstm`/`gru` make before
-    trying cuDNN; `maskedrnn._backend.has_fused_rnn_kernel` asks the same one,
-    so that both agree (and a test that fakes a GPU fakes it for both). The
+    trying cuDNN; `maskedrnn.backends.<backend>.has_fused_rnn_kernel` asks
+    the same one, so that both agree (and a test that fakes a GPU fakes it for
+    both). The
     bench spies on the torch module's `_cudnn_lstm/gru` (Keras' cuDNN call)
     and `_fallback_lstm/gru` (its Python loop), which Keras' torch backend
     chooses between without saying which ran. Imported by name: the package

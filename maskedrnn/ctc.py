@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from maskedrnn import _backend, _checks
+from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
 from maskedrnn._keras_private import get_keras_mask, reduce_weighted_values
 
@@ -94,7 +94,7 @@ def _labels(y_true, y_pred):
         )
     y_true = ops.cast(y_true, "int32")
     classes = ops.shape(y_pred)[2]
-    if _backend.is_concrete(y_true) and _static(classes) is not None:
+    if backends.current().is_concrete(y_true) and _static(classes) is not None:
         values = ops.convert_to_numpy(y_true)
         if values.size and values.min() < 0:
             raise ValueError(
@@ -338,7 +338,7 @@ def _check_lengths(lengths, y_pred):
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
     lengths = _checks.match_leading_dims(lengths, y_pred, 1, "lengths")
     time = ops.shape(y_pred)[1]
-    if _backend.is_concrete(lengths):
+    if backends.current().is_concrete(lengths):
         values = ops.convert_to_numpy(lengths)
         if values.size and values.min() < 0:
             raise ValueError(f"lengths must be >= 0; got min(lengths)={values.min()}.")

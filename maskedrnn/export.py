@@ -15,6 +15,8 @@ rows, which `MaskedBidirectional` handles exactly.
 import keras
 import numpy as np
 
+from maskedrnn import backends
+
 __all__ = ["export_litert", "pad_batch_rows", "static_batch_signature"]
 
 
@@ -134,12 +136,12 @@ def export_litert(
     outputs = runner(ids=ids[0])  # {"output_0": ...}; keep the first n rows
     ```
     """
-    if keras.backend.backend() != "tensorflow":
+    if backends.name() != "tensorflow":
         raise ValueError(
             "export_litert needs the TensorFlow backend (Keras converts to "
             "LiteRT through a TensorFlow SavedModel). Save the model as "
             ".keras, then load and export it with KERAS_BACKEND=tensorflow. "
-            f"Current backend: {keras.backend.backend()!r}."
+            f"Current backend: {backends.name()!r}."
         )
     filepath = str(filepath)
     if not filepath.endswith(".tflite"):

@@ -10,7 +10,7 @@ otherwise. `lengths` is a rank-1 integer tensor with one entry per batch row.
 
 from keras import ops
 
-from maskedrnn import _backend
+from maskedrnn import backends
 from maskedrnn.masking import as_bool
 
 __all__ = [
@@ -62,7 +62,7 @@ def gather_time(x, index):
         return x
     flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
     offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
-    return _backend.take_rows(flat, ops.cast(index, "int32") + offsets)
+    return backends.current().take_rows(flat, ops.cast(index, "int32") + offsets)
 
 
 def reverse_sequence(x, lengths, axis=1):
@@ -257,7 +257,7 @@ def valid_first_order(mask):
     """
     rank, inverse, lengths = valid_ranks(mask)
     # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
-    order = _backend.invert_permutation(inverse)
+    order = backends.current().invert_permutation(inverse)
     return order, inverse, lengths
 
 

@@ -22,23 +22,23 @@ differences a wrong mask makes (1e-1 and more, which the tests also check).
 On a CPU none of this changes anything: there is no TF32 there, and XLA's
 CPU matmuls are full float32 at any precision setting.
 
-On a JAX CPU ours runs Keras' own masked loop on the caller's order
-(`maskedrnn.layers.kernels.jax_cpu_reason`: JAX has no fused kernel there):
-the very loop of the Keras oracle. So that the suite keeps testing, on JAX
-too, the direction core that a JAX GPU runs (valid-first gathers, per-row
-reversals, unmasked inner RNNs, final states at each row's length), that
-rule is turned off in every test not marked `jax_cpu_masked_loop`
-(`_jax_cpu_rule`); the marked tests (tests/test_kernels.py) specify the rule
-itself. Subprocess tests (docs, demo, notebooks, deploy) run it as users do.
+Every plan on purpose: the `way` fixture runs a test once with the plan
+users get ("default") and once per way the backend has
+(`maskedrnn.backends.force`, `maskedrnn.backends.WAYS`); a way the backend
+declines for the test's layer here (`maskedrnn.backends.Declined`: e.g.
+PyTorch's packed kernel while gradients are recorded, or Keras' unmasked
+layer for a generic cell) skips that run, saying why.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
 kernel over valid-first data, and its packed kernel, which returns the final
-states itself; `maskedrnn._torch_kernels.run_direction`).
+states itself; `maskedrnn.backends.torch_direction.run_direction`).
 """
 
 import keras
 import pytest
+
+from maskedrnn import backends
 
 GRAD_MODES = ["grad", "no_grad"] if keras.backend.backend() == "torch" else ["-"]
 
@@ -56,22 +56,30 @@ def grad_mode(request):
         yield request.param
 
 
-def turn_off_jax_cpu_rule(monkeypatch):
-    """On JAX, makes `kernels.jax_cpu_reason` say "no" through `monkeypatch`
-    (a `pytest.MonkeyPatch`); elsewhere the rule is off anyway."""
-    if keras.backend.backend() == "jax":
-        from maskedrnn.layers import kernels
-
-        monkeypatch.setattr(kernels, "jax_cpu_reason", lambda inner: None)
+WAYS_HERE = ["default"] + list(backends.current().WAYS)
 
 
-@pytest.fixture(autouse=True)
-def _jax_cpu_rule(request, monkeypatch):
-    """Turns `kernels.jax_cpu_reason` off unless the test is marked
-    `jax_cpu_masked_loop` (see the module docstring)."""
-    if request.node.get_closest_marker("jax_cpu_masked_loop") is None:
-        turn_off_jax_cpu_rule(monkeypatch)
-    yield
+@pytest.fixture(params=WAYS_HERE)
+def way(request):
+    """The test body runs under `maskedrnn.backends.force(way)`, or with
+    the default plan ("default")."""
+    if request.param == "default":
+        yield request.param
+        return
+    with backends.force(request.param):
+        yield request.param
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test run with a forced `way` that the backend declines for its
+    layer here is skipped, with the reason."""
+    try:
+        return (yield)
+    except backends.Declined as error:
+        if "way" not in pyfuncitem.fixturenames:
+            raise
+        pytest.skip(f"declined here: {error}")
 
 
 def pytest_configure(config):

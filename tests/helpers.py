@@ -219,20 +219,20 @@ def spy_masks(inner_layers):
 
 def spy_native_kernels(monkeypatch):
     """Records the inner layer of every call of PyTorch's native kernels
-    (`maskedrnn._torch_kernels.run`, over valid-first data, and
+    (`maskedrnn.backends.torch.run_native`, over valid-first data, and
     `run_direction`, a whole direction from the caller's order); returns the
     list (torch backend only)."""
-    from maskedrnn import _torch_kernels
+    from maskedrnn.backends import torch as torch_backend
 
     calls = []
-    for name in ("run", "run_direction"):
-        original = getattr(_torch_kernels, name)
+    for name in ("run_native", "run_direction"):
+        original = getattr(torch_backend, name)
 
-        def spy(inner, *args, _original=original, **kwargs):
+        def spy(way, inner, *args, _original=original, **kwargs):
             calls.append(inner)
-            return _original(inner, *args, **kwargs)
+            return _original(way, inner, *args, **kwargs)
 
-        monkeypatch.setattr(_torch_kernels, name, spy)
+        monkeypatch.setattr(torch_backend, name, spy)
     return calls
 
 

@@ -25,7 +25,7 @@ Which function ends up computing on this machine (asserted below):
 | jax        | `lstm` declines -> `rnn` (no mask);     | `lstm` (cuDNN); `gru`     |
 |            | `gru` computes (`lax.scan`, no mask)    | (`lax.scan`)              |
 | torch      | PyTorch's `torch.lstm`/`gru` via        | `lstm`/`gru` (cuDNN)      |
-|            | `maskedrnn._torch_kernels` (no Keras    |                           |
+|            | `maskedrnn.backends.torch` (no Keras    |                           |
 |            | call); with it turned off, `lstm`/`gru` |                           |
 |            | compute (a Python loop over steps)      |                           |
 
@@ -33,14 +33,14 @@ With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
 device (TensorFlow's cuDNN path accepts right-padded masks only).
 
 On a JAX CPU ours runs Keras' masked loop by default (JAX has no fused
-kernel there, `maskedrnn.layers.kernels.jax_cpu_reason`, specified in
-tests/test_kernels.py); tests/conftest.py turns that rule off for the tests
-here, so that the JAX column above is what they prove: the path a JAX GPU
-takes, with Keras' kernels on the CPU.
+kernel there, `maskedrnn.backends.jax.cpu_why`, specified in
+tests/test_kernels.py): the default run checks that the inner layers get
+the caller's mask there.
 
-On the torch backend every eager test runs twice: with the default kernels
-(PyTorch's own on CPU) and with `_torch_kernels` turned off (Keras' inner
-layers), so both paths stay proven.
+Every eager test runs twice: with the default plan, and with Keras' inner
+layers forced to run unmasked (`maskedrnn.backends.force("keras-unmasked")`,
+the path a GPU takes on TensorFlow and JAX, and on torch for layers the
+native kernels do not cover), so both paths stay proven.
 """
 
 import inspect
@@ -49,13 +49,12 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn import MaskedBidirectional
+from maskedrnn import MaskedBidirectional, backends
 from maskedrnn._keras_private import get_keras_mask
 from maskedrnn._keras_private import keras_gru_module as gru_module
 from maskedrnn._keras_private import keras_lstm_module as lstm_module
 from maskedrnn._keras_private import keras_rnn_module as rnn_module
 from maskedrnn._keras_private import keras_src_backend as keras_backend
-from maskedrnn.layers import kernels as kernels_module
 from tests.helpers import to_np
 
 BACKEND = keras.backend.backend()
@@ -101,13 +100,24 @@ def native_kernels_here():
     return BACKEND == "torch" and not _gpu_here()
 
 
+def default_kernels():
+    """What ours runs here by default: "native" (PyTorch's kernels, torch
+    on CPU), "masked_loop" (Keras' masked loop, a JAX CPU) or
+    "keras_layers" (Keras' unmasked inner layers)."""
+    if native_kernels_here():
+        return "native"
+    if BACKEND == "jax" and not _gpu_here():
+        return "masked_loop"
+    return "keras_layers"
+
+
 class Spy:
     """Replaces `module.<name>` (`keras.src.backend.lstm` and the like, or
-    `maskedrnn._torch_kernels.run`) by a recorder that delegates.
+    `maskedrnn.backends.torch.run_native`) by a recorder that delegates.
 
     Each call appends a dict: `device` (of the input tensor, as a string),
     `mask` (the object passed, None or a tensor;
-    `_torch_kernels.run` takes none), `kernel` (the `kernel` keyword, or the
+    `run_native` takes none), `kernel` (the `kernel` keyword, or the
     kernel of the `inner` layer passed, which identifies the calling layer's
     cell), and `outcome`: "computed" or "NotImplementedError" (the backend
     declined and the layer falls back).
@@ -160,29 +170,29 @@ def spies(monkeypatch):
         assert module.backend is keras_backend
     spies = {name: Spy(monkeypatch, name) for name in ("lstm", "gru", "rnn")}
     if BACKEND == "torch":
-        # Looked up as `_torch_kernels().run` / `.run_direction` at call time;
-        # both record into one list.
-        from maskedrnn import _torch_kernels
+        # Looked up as `backends.current().run_native` / `.run_direction` at
+        # call time; both record into one list.
+        from maskedrnn.backends import torch as torch_backend
 
-        spies["native"] = Spy(monkeypatch, "run", _torch_kernels)
-        direct = Spy(monkeypatch, "run_direction", _torch_kernels)
+        spies["native"] = Spy(monkeypatch, "run_native", torch_backend)
+        direct = Spy(monkeypatch, "run_direction", torch_backend)
         direct.calls = spies["native"].calls
     return spies
 
 
 @pytest.fixture(params=["default", "keras_layers"])
-def kernels(request, monkeypatch):
-    """"default": ours as shipped. "keras_layers": PyTorch's native kernels
-    turned off, so the inner Keras layers compute (the path on every other
-    backend, and on torch for layers the native kernels do not cover)."""
+def kernels(request):
+    """"default": ours as shipped (`default_kernels`). "keras_layers": Keras'
+    unmasked inner layers forced (`maskedrnn.backends.force`), so they
+    compute without a mask (the path of a GPU, and on torch for layers the
+    native kernels do not cover)."""
     if request.param == "keras_layers":
-        if BACKEND != "torch":
-            pytest.skip("only the torch backend has a second path to turn off")
-        monkeypatch.setattr(
-            kernels_module, "native_reason", lambda inner, x: "turned off by a test"
-        )
-        return "keras_layers"
-    return "native" if native_kernels_here() else "keras_layers"
+        if default_kernels() == "keras_layers":
+            pytest.skip("the default plan here: the run above")
+        with backends.force("keras-unmasked"):
+            yield "keras_layers"
+        return
+    yield default_kernels()
 
 
 def make_rnn(cell, **kwargs):
@@ -210,12 +220,24 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     """Ours: both inner layers call `backend.<cell>` with mask=None, and the
     generic loop runs exactly when the fused function declined, maskless.
     With `kernels="native"`: PyTorch's kernel computes both directions (one
-    `_torch_kernels.run` or `run_direction` per direction and call) and no
-    Keras RNN function runs at all."""
+    `run_native` or `run_direction` per direction and call) and no
+    Keras RNN function runs at all. With `kernels="masked_loop"`: Keras'
+    masked loop runs both directions, each handed a mask."""
     inner = (ours.forward_layer, ours.backward_layer)
+    if kernels == "masked_loop":
+        assert spies["rnn"].masks() and all(
+            m is not None for m in spies["rnn"].masks()
+        )
+        fused = spies[cell]
+        assert fused.outcomes() == ["NotImplementedError"] * len(fused.calls)
+        assert len(spies["rnn"].calls) == len(fused.calls)
+        assert {id(c["kernel"]) for c in spies[cell].calls} == {
+            id(layer.cell.kernel) for layer in inner
+        }
+        return
     if kernels == "native":
         native = spies["native"]
-        assert native.calls, "_torch_kernels.run/run_direction was never called"
+        assert native.calls, "run_native/run_direction was never called"
         assert len(native.calls) % 2 == 0
         kernels_seen = {id(c["kernel"]) for c in native.calls}
         assert kernels_seen == {id(layer.cell.kernel) for layer in inner}
@@ -353,8 +375,7 @@ def test_fit_step_inner_rnns_get_no_mask(spies, cell, how):
     for spy in spies.values():
         spy.clear()
     one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
-    default = "native" if native_kernels_here() else "keras_layers"
-    assert_fast_path_taken(spies, cell, ours, default)
+    assert_fast_path_taken(spies, cell, ours, default_kernels())
 
 
 @pytest.mark.slow

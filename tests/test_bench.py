@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
-from tests.conftest import turn_off_jax_cpu_rule
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -34,10 +33,15 @@ GPU = bench.gpu_available(BACKEND)
 GPU_CUDNN = GPU and BACKEND in ("torch", "jax")
 
 
+# On a JAX CPU ours runs every RNN in Keras' masked loop, handed the mask
+# (`maskedrnn.backends.jax.cpu_why`; JAX has no fused kernel there).
+JAX_CPU = BACKEND == "jax" and not GPU
+
+
 def lstm_states_take_keras_masked_loop(cell):
-    """Whether ours runs Keras' masked loop (on valid-first data) for a layer
-    returning states: an LSTM on TensorFlow or JAX without a GPU
-    (`maskedrnn.layers.kernels.states_reason`)."""
+    """Whether ours runs Keras' masked loop for a layer returning states: an
+    LSTM on TensorFlow or JAX without a GPU
+    (`maskedrnn.backends.keras_ways.states_why`)."""
     return cell == "lstm" and BACKEND in ("tensorflow", "jax") and not GPU
 
 
@@ -58,8 +62,12 @@ def assert_state_layer_mask_use(ours, cell, directions):
     (`directions` inner RNNs per layer): where an LSTM's states come from
     Keras' masked loop (tests/test_kernels.py checks the mask it gets), the
     last layer's RNNs run it with a mask and the first layer's without;
-    everywhere else no RNN gets a mask."""
-    if lstm_states_take_keras_masked_loop(cell):
+    everywhere else no RNN gets a mask, except on a JAX CPU, where every
+    layer's RNNs run Keras' masked loop."""
+    if JAX_CPU:
+        assert f"backend.rnn computed, with a mask x{2 * directions}" in ours
+        assert "no mask" not in ours
+    elif lstm_states_take_keras_masked_loop(cell):
         assert f"backend.rnn computed, with a mask x{directions}" in ours
         assert f"backend.rnn computed, no mask x{directions}" in ours
     else:
@@ -70,11 +78,7 @@ def assert_state_layer_mask_use(ours, cell, directions):
 def lstm_run(tmp_path_factory):
     """One end-to-end run (LSTM, both modes, every implementation)."""
     path = tmp_path_factory.mktemp("bench") / "lstm.json"
-    with pytest.MonkeyPatch.context() as patch:
-        # Module-scoped, so before tests/conftest.py's function-scoped
-        # `_jax_cpu_rule`: turn the JAX CPU rule off here the same way.
-        turn_off_jax_cpu_rule(patch)
-        returned = bench.main(TINY + QUICK + ["--json", str(path)])
+    returned = bench.main(TINY + QUICK + ["--json", str(path)])
     with open(path) as f:
         return json.load(f), returned
 
@@ -192,7 +196,8 @@ def test_unmasked_ceilings_differ_on_padded_rows(lstm_run):
 
 
 def test_records_which_kernels_each_implementation_ran(lstm_run):
-    """Ours never hands a mask to an RNN kernel; Keras' masked layer does
+    """Ours never hands a mask to an RNN kernel (but on a JAX CPU, where it
+    runs Keras' masked loop by design); Keras' masked layer does
     (and its fused kernel declines it). The oracle for the recorder itself
     is that contrast, plus PyTorch's own modules calling none of them.
     Device-aware: on CUDA/GPU ours and Keras' unmasked layer must reach
@@ -203,6 +208,11 @@ def test_records_which_kernels_each_implementation_ran(lstm_run):
     for mode in ("train", "infer"):
         for name in ("maskedrnn", "maskedrnn_lengths"):
             row = rows[name, mode]
+            if JAX_CPU:
+                # Keras' masked loop, handed the mask, as Keras' own layer.
+                assert "backend.rnn computed, with a mask x2" in row["kernels"]
+                assert row["cudnn"] == "not called", row
+                continue
             assert "with a mask" not in row["kernels"]
             assert all(c["mask"] in (None, False) for c in row["kernel_calls"])
             if BACKEND == "torch" and not GPU:
@@ -525,7 +535,7 @@ def test_thread_count_is_chosen_and_said(lstm_run, monkeypatch):
         # says otherwise; the caller's own setting is put back afterwards.
         import torch
 
-        from maskedrnn._torch_threads import resolve_threads
+        from maskedrnn.backends.torch_threads import resolve_threads
 
         expected, source = resolve_threads(None)
         if source == "default for small models":
@@ -699,7 +709,6 @@ def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_pa
         return real(cases, repeats, seed)
 
     monkeypatch.setattr(timing, "case_orders", spy)
-    turn_off_jax_cpu_rule(monkeypatch)
     path = tmp_path / "r.json"
     impl = ["--impl", "keras_masked", "--mode", "infer"]
     bench.main(TINY + QUICK + impl + ["--order-seed", "5", "--json", str(path)])

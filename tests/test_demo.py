@@ -17,7 +17,8 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn import MaskedBidirectional, MaskedRNN, _torch_threads, datasets, demo
+from maskedrnn import MaskedBidirectional, MaskedRNN, datasets, demo
+from maskedrnn.backends import torch_threads as _torch_threads
 
 BACKEND = keras.backend.backend()
 # Ours and Keras' masked wrapper compute the same function; after two quick

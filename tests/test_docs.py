@@ -133,6 +133,11 @@ def doc_results(tmp_path_factory):
     (tmp / "work").mkdir()
     env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The blocks run in a scratch directory: import this checkout's package,
+    # not whichever copy is installed.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    )
     result = subprocess.run(
         [
             sys.executable,

@@ -6,7 +6,7 @@ on a GPU (cuDNN) an LSTM runs unmasked and its cell state is recomputed here;
 on a CPU the kernels return exact states themselves (Keras' masked loop on
 TensorFlow and JAX, PyTorch's packed kernel on torch; see
 `tests/test_kernels.py`). So these tests force the unmasked path on the CPU
-(`kernels.states_reason` and, on torch, `kernels.native_reason` turned off)
+(Keras' unmasked inner layers forced, `maskedrnn.backends.force`)
 and check the states against the oracles: Keras' own masked layer
 (`use_cudnn=False`) with the same weights and mask, and a numpy loop.
 """
@@ -15,7 +15,8 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn.layers import final_state, kernels
+from maskedrnn import backends
+from maskedrnn.layers import final_state
 from tests.helpers import (
     assert_close,
     loss_and_grads,
@@ -41,8 +42,6 @@ def mask_patterns():
 def recomputed(monkeypatch):
     """Every LSTM runs unmasked and its states come from `final_state`, as on
     a GPU; records each `states_at_length` call."""
-    monkeypatch.setattr(kernels, "states_reason", lambda inner: None)
-    monkeypatch.setattr(kernels, "native_reason", lambda inner, where: "off")
     calls = []
     original = final_state.states_at_length
 
@@ -51,7 +50,8 @@ def recomputed(monkeypatch):
         return original(inner, *args, **kwargs)
 
     monkeypatch.setattr(final_state, "states_at_length", spy)
-    return calls
+    with backends.force("keras-unmasked"):
+        yield calls
 
 
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])

@@ -78,7 +78,9 @@ def run_probe(script, *options):
     result = subprocess.run(
         [sys.executable, f"benchmarks/{script}", *options],
         cwd=ROOT,
-        env=dict(os.environ, KERAS_BACKEND=BACKEND),
+        # Python puts scripts/ first on the path: import this checkout's
+        # package, not whichever copy is installed.
+        env=dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
         timeout=600,

@@ -1,4 +1,4 @@
-"""`maskedrnn.layers.kernels`: which code computes a direction, and why.
+"""`maskedrnn.backends`: which way computes a direction, and why.
 
 What is specified here is the choice; each runner's numbers are checked
 against Keras' masked layer in tests/test_masked_rnn.py,
@@ -12,8 +12,7 @@ tests/test_final_state.py (the unmasked path with recomputed states).
   on the right-padded data with the right-padded mask of the lengths; where
   Keras could run cuDNN (a GPU, faked here), it runs unmasked.
 - Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask
-  (on JAX with the JAX CPU rule turned off, as tests/conftest.py does for
-  every test not marked `jax_cpu_masked_loop`).
+  (on JAX with Keras' unmasked layer forced, `maskedrnn.backends.force`).
 - On a JAX CPU every LSTM, GRU and SimpleRNN runs Keras' masked loop as
   above (JAX has no fused kernel there), with states or without, unless the
   wrapped layer says `use_cudnn=True` or Keras sees a GPU (faked here).
@@ -25,9 +24,8 @@ import numpy as np
 import pytest
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional, MaskedRNN
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from maskedrnn._keras_private import keras_backend_rnn
-from maskedrnn.layers import kernels
 from tests.helpers import (
     BACKEND,
     assert_close,
@@ -111,7 +109,10 @@ def test_without_states_or_for_gru_no_mask_reaches_the_inner_layer(kind):
         ours.build((None, None, D))
         seen = spy_masks([ours.layer])
         x = np.random.default_rng(1).standard_normal((B, T, D)).astype("float32")
-        ours(x, mask=left_padded_mask())
+        # On a JAX CPU every layer runs Keras' masked loop by default
+        # (specified below): the unmasked way is forced there.
+        with backends.force("keras-unmasked" if BACKEND == "jax" else None):
+            ours(x, mask=left_padded_mask())
         assert seen == [None]
 
 
@@ -125,17 +126,17 @@ def test_with_a_gpu_the_lstm_runs_unmasked_even_for_states(fake_gpu):
         for sentence in layer.kernel_info().values():
             assert "unmasked" in sentence and "masked step loop" not in sentence
         inner = layer.layer if isinstance(layer, MaskedRNN) else layer.forward_layer
-        runner, _ = kernels.choose(inner, inner.cell.kernel, want_states=True)
-        assert runner is kernels.run_keras_unmasked
+        plan = backends.plan({"layer": inner}, inner.cell.kernel, want_states=True)
+        assert plan.way() == "keras-unmasked"
 
 
 @tf_or_jax
 def test_use_cudnn_false_counts_as_no_fused_kernel(fake_gpu):
     layer = MaskedRNN(keras.layers.LSTM(U, return_state=True, use_cudnn=False))
     layer.build((None, None, D))
-    runner, reason = kernels.choose(layer.layer, layer.layer.cell.kernel, True)
-    assert runner is kernels.run_keras_masked
-    assert "use_cudnn=False" in reason
+    plan = backends.plan({"layer": layer.layer}, layer.layer.cell.kernel, True)
+    assert plan.way() == "keras-masked"
+    assert "use_cudnn=False" in plan.info()["layer"]
 
 
 # ------------------------------------------------------- JAX CPU: masked loop
@@ -153,7 +154,6 @@ def holes_mask():
 
 
 @jax_only
-@pytest.mark.jax_cpu_masked_loop
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("how", ["left", "holes", "lengths"])
@@ -205,14 +205,13 @@ def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-4)
     for g, want in zip(grads, ref_grads):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
-    # An LSTM returning states gives the older reason (`states_reason`).
+    # An LSTM returning states gives the older reason (`keras_ways.states_why`).
     why = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
     for sentence in ours.kernel_info().values():
         assert "masked step loop" in sentence and why in sentence
 
 
 @tf_or_jax
-@pytest.mark.jax_cpu_masked_loop
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 def test_bad_lengths_in_compiled_code_poison_their_rows_in_the_masked_loop(
     wrapper,
@@ -245,29 +244,31 @@ def test_bad_lengths_in_compiled_code_poison_their_rows_in_the_masked_loop(
 
 
 @jax_only
-@pytest.mark.jax_cpu_masked_loop
 def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
     gru = MaskedRNN(keras.layers.GRU(U, return_sequences=True, use_cudnn=True))
     gru.build((None, None, D))
-    assert kernels.jax_cpu_reason(gru.layer) is None
-    runner, _ = kernels.choose(gru.layer, gru.layer.cell.kernel)
-    assert runner is kernels.run_keras_unmasked
+    jax_backend = backends.current()
+    assert jax_backend.cpu_why(gru.layer) is None
+    plan = backends.plan({"layer": gru.layer}, gru.layer.cell.kernel, False)
+    assert plan.way() == "keras-unmasked"
     auto = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
     auto.build((None, None, D))
-    assert kernels.jax_cpu_reason(auto.layer) is not None
+    assert jax_backend.cpu_why(auto.layer) is not None
     module = keras_backend_rnn("jax")
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
-    assert kernels.jax_cpu_reason(auto.layer) is None
-    runner, _ = kernels.choose(auto.layer, auto.layer.cell.kernel)
-    assert runner is kernels.run_keras_unmasked
+    assert jax_backend.cpu_why(auto.layer) is None
+    plan = backends.plan({"layer": auto.layer}, auto.layer.cell.kernel, False)
+    assert plan.way() == "keras-unmasked"
 
 
-@pytest.mark.jax_cpu_masked_loop
 def test_jax_cpu_rule_is_jax_only():
     layer = MaskedRNN(keras.layers.LSTM(U, return_sequences=True))
     layer.build((None, None, D))
-    reason = kernels.jax_cpu_reason(layer.layer)
-    assert (reason is not None) == (BACKEND == "jax" and not keras_has_gpu())
+    plan = backends.plan({"layer": layer.layer}, layer.layer.cell.kernel, False)
+    sentence = plan.info()["layer"]
+    on_jax_cpu = BACKEND == "jax" and not keras_has_gpu()
+    assert ("JAX has no fused RNN kernel" in sentence) == on_jax_cpu
+    assert (plan.way() == "keras-masked") == on_jax_cpu
 
 
 # ------------------------------------------------------------ torch, packed
@@ -279,7 +280,7 @@ def _spy_torch_kernels(monkeypatch):
     `(name, input shape)`."""
     import torch
 
-    from maskedrnn import _torch_kernels
+    from maskedrnn.backends import torch_kernels as _torch_kernels
 
     seen, functions = [], []
     for name in ("lstm", "gru", "rnn_tanh"):
@@ -349,7 +350,7 @@ def test_torch_lstm_states_come_from_its_unpacked_kernel(grad, monkeypatch):
     """An LSTM whose final states are wanted runs PyTorch's unpacked (fused
     oneDNN) kernel, in inference and training: one call over all `B x T`
     steps, with one input feature more (the padding flag,
-    `_torch_kernels.saturated_lstm`), and the final `[h, c]` equal Keras'
+    `torch_kernels.saturated_lstm`), and the final `[h, c]` equal Keras'
     masked LSTM's, also for the all-padding row (its initial state) and
     with an initial state. NaN in the padding reaches neither the results
     nor the gradients, and the padding's gradient is exactly zero."""

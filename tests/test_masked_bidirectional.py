@@ -11,8 +11,7 @@ import pytest
 from keras import ops
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional
-from maskedrnn.layers import kernels
+from maskedrnn import MaskedBidirectional, backends
 from tests.helpers import (
     assert_close,
     flat,
@@ -85,7 +84,7 @@ OUTPUT_CASES = [(m, True, True) for m in MERGE_MODES] + [
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("merge_mode, return_sequences, return_state", OUTPUT_CASES)
 def test_matches_keras_bidirectional_with_mask(
-    kind, merge_mode, return_sequences, return_state, grad_mode
+    kind, merge_mode, return_sequences, return_state, grad_mode, way
 ):
     ours, ref = pair(
         kind,
@@ -98,7 +97,7 @@ def test_matches_keras_bidirectional_with_mask(
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
-def test_gradients_match_keras(kind):
+def test_gradients_match_keras(kind, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(1), mask_patterns()
     loss_o, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -111,7 +110,7 @@ def test_gradients_match_keras(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_gradients_match_keras_last_output(kind):
+def test_gradients_match_keras_last_output(kind, way):
     ours, ref = pair(kind, return_sequences=False)
     x, mask = make_inputs(2), mask_patterns()
     _, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -121,7 +120,7 @@ def test_gradients_match_keras_last_output(kind):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_lengths_equal_right_padded_mask(kind, grad_mode):
+def test_lengths_equal_right_padded_mask(kind, grad_mode, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x = make_inputs(3)
     lengths = np.array([7, 3, 0, 1, 5, 7], "int32")
@@ -132,14 +131,14 @@ def test_lengths_equal_right_padded_mask(kind, grad_mode):
     assert_all_close(ours(x, mask=np.ones((B, T), bool), lengths=lengths), expected)
 
 
-def test_no_mask_equals_unmasked_bidirectional():
+def test_no_mask_equals_unmasked_bidirectional(way):
     ours, ref = pair("lstm", return_sequences=True, return_state=True)
     x = make_inputs(4)
     assert_all_close(ours(x), ref(x))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_initial_state(kind, grad_mode):
+def test_initial_state(kind, grad_mode, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(5), mask_patterns()
     n = 4 if kind == "lstm" else 2
@@ -216,12 +215,13 @@ def _spy_masks(layer):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_inner_rnns_never_receive_a_mask(kind, monkeypatch):
+@backends.force("keras-unmasked")
+def test_inner_rnns_never_receive_a_mask(kind):
     """Keras fills `mask` from a mask attached to a tensor: prove it stays None
     on the fast path, through Embedding(mask_zero=True) and with lengths.
-    (PyTorch's native kernels, the torch default on CPU, do not call the
-    inner layers at all: turned off here; tests/test_backends.py covers them.)"""
-    monkeypatch.setattr(kernels, "native_reason", lambda inner, x: "turned off")
+    (Keras' unmasked inner layers forced: PyTorch's native kernels, the
+    torch default on CPU, do not call them at all, tests/test_backends.py
+    covers those; a JAX CPU runs Keras' masked loop by default.)"""
     assert MaskedBidirectional(make_cell_layer(kind)).uses_fast_path
     layer = MaskedBidirectional(make_cell_layer(kind, return_sequences=True))
     seen = _spy_masks(layer)
@@ -563,7 +563,12 @@ def test_initial_state_of_mixed_directions_is_three_tensors_named_in_errors():
 def test_kernel_info_promises_no_fused_simple_rnn_kernel():
     layer = MaskedBidirectional(keras.layers.SimpleRNN(U))
     layer.build((None, None, D))
-    for sentence in layer.kernel_info().values():
+    # Keras' unmasked SimpleRNN's sentence (forced on JAX, whose CPU default
+    # is Keras' masked loop, tests/test_kernels.py).
+    way = "keras-unmasked" if keras.backend.backend() == "jax" else None
+    with backends.force(way):
+        info = layer.kernel_info()
+    for sentence in info.values():
         if keras.backend.backend() == "torch":
             assert "PyTorch's native SimpleRNN" in sentence
         else:

@@ -12,9 +12,8 @@ import pytest
 from keras import ops
 
 import maskedrnn
-from maskedrnn import MaskedBidirectional, MaskedRNN, convert
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends, convert
 from maskedrnn._keras_private import get_keras_mask
-from maskedrnn.layers import kernels
 from tests.helpers import (
     BACKEND,
     assert_close,
@@ -72,7 +71,9 @@ OPTION_IDS = [
 
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("kind", KINDS)
-def test_matches_keras_layer_with_mask_lengths_and_no_mask(kind, options, grad_mode):
+def test_matches_keras_layer_with_mask_lengths_and_no_mask(
+    kind, options, grad_mode, way
+):
     """Outputs and states equal the wrapped layer's with the same mask (every
     pattern in one batch); `lengths` equal its right-padded mask and win over
     a mask; no mask equals the unmasked layer."""
@@ -87,7 +88,7 @@ def test_matches_keras_layer_with_mask_lengths_and_no_mask(kind, options, grad_m
 
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_gradients_match_keras(kind, go_backwards):
+def test_gradients_match_keras(kind, go_backwards, way):
     """Gradients w.r.t. the inputs and every weight, through outputs and
     states."""
     ours, ref = pair(
@@ -104,7 +105,7 @@ def test_gradients_match_keras(kind, go_backwards):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_gradients_match_keras_last_output_with_lengths(kind):
+def test_gradients_match_keras_last_output_with_lengths(kind, way):
     ours, ref = pair(kind, return_sequences=False, zero_output_for_mask=True)
     x = make_inputs(2)
     _, grads_o = loss_and_grads(ours, x, lengths=LENGTHS)
@@ -120,7 +121,7 @@ def _before_first_valid_step(mask, go_backwards):
 
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_initial_state_matches_keras(kind, go_backwards, grad_mode):
+def test_initial_state_matches_keras(kind, go_backwards, grad_mode, way):
     """States start from `initial_state`; an all-padding row returns it. On
     TensorFlow and torch, Keras outputs zeros before a row's first valid step
     whatever the initial state, as ours does; Keras' JAX backend repeats the
@@ -277,11 +278,12 @@ def _spy_masks(layer):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_wrapped_rnn_never_receives_a_mask(kind, monkeypatch):
-    """Through Embedding(mask_zero=True), with lengths, and go_backwards. (On
-    torch CPU the default is PyTorch's native kernel, which calls no Keras
-    layer: turned off here, and proven separately below.)"""
-    monkeypatch.setattr(kernels, "native_reason", lambda inner, x: "turned off")
+@backends.force("keras-unmasked")
+def test_wrapped_rnn_never_receives_a_mask(kind):
+    """Through Embedding(mask_zero=True), with lengths, and go_backwards.
+    (Keras' unmasked layer forced: on torch CPU the default is PyTorch's
+    native kernel, which calls no Keras layer, proven separately below; a
+    JAX CPU runs Keras' masked loop by default.)"""
     for go_backwards in (False, True):
         layer = MaskedRNN(
             make_rnn(kind, U, return_sequences=True, go_backwards=go_backwards)
@@ -400,7 +402,10 @@ def test_kernel_info_says_which_code_runs():
         layer.build((None, None, D))
     assert "masked step loop" in cell.kernel_info()["layer"]
     assert not cell.uses_fast_path
-    info = simple.kernel_info()["layer"]
+    # Keras' unmasked SimpleRNN's sentence (forced on JAX, whose CPU default
+    # is Keras' masked loop, tests/test_kernels.py).
+    with backends.force("keras-unmasked" if BACKEND == "jax" else None):
+        info = simple.kernel_info()["layer"]
     if BACKEND == "torch":
         assert "PyTorch's native SimpleRNN" in info
     else:

@@ -1,12 +1,13 @@
-"""`maskedrnn._torch_kernels`: PyTorch's native RNN kernels on the torch backend.
+"""`maskedrnn.backends.torch`: PyTorch's native RNN kernels on the torch backend.
 
 On the torch backend on CPU, `MaskedBidirectional` runs its unmasked inner
 LSTM/GRU/SimpleRNN on `torch.lstm` / `torch.gru` / `torch.rnn_tanh` /
 `torch.rnn_relu` instead of Keras' Python loop. Specified here:
 
 - which layers take that path (`kernel_info()`, and a spy on
-  `_torch_kernels.run`), and that every other configuration is refused up
-  front with a reason and computed by the Keras inner layer instead;
+  `maskedrnn.backends.torch.run_native`), and that every other
+  configuration is refused up front with a reason and computed by the
+  Keras inner layer instead;
 - outputs, final states and gradients equal Keras' own masked
   `Bidirectional` (use_cudnn=False: its generic masked loop) and PyTorch's
   `nn.LSTM`/`nn.GRU(bidirectional=True)` on a `PackedSequence`, two
@@ -31,7 +32,8 @@ if keras.backend.backend() != "torch":
 
 import torch  # noqa: E402
 
-from maskedrnn import _torch_kernels  # noqa: E402
+from maskedrnn.backends import torch as torch_backend  # noqa: E402
+from maskedrnn.backends import torch_direction, torch_kernels  # noqa: E402
 
 # Keras' torch backend puts tensors on CUDA when it sees a GPU. On a CPU
 # every NATIVE layer must take PyTorch's native kernel; on CUDA the layer
@@ -44,7 +46,7 @@ def native_here(layer):
     """Whether `layer`'s inner RNNs must run on PyTorch's native kernels here."""
     if DEVICE == "cpu":
         return True
-    return _torch_kernels.unavailable_reason(layer.forward_layer, DEVICE) is None
+    return torch_backend.unavailable_reason(layer.forward_layer, DEVICE) is None
 
 B, T, D, U = 5, 6, 3, 4
 LENGTHS = np.array([6, 4, 1, 0, 3], "int32")
@@ -101,7 +103,7 @@ def inputs(seed=0):
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """Records the inner layers `_torch_kernels.run` and `run_direction` are
+    """Records the inner layers `run_native` and `run_direction` are
     called with."""
     return spy_native_kernels(monkeypatch)
 
@@ -112,7 +114,7 @@ def native_calls(monkeypatch):
 @pytest.fixture(params=["grad", "no_grad"])
 def grad_mode(request):
     """Runs the test with gradients recorded (PyTorch's unpacked kernel) and
-    without (its packed kernel, `_torch_kernels.packed_preferred`)."""
+    without (its packed kernel, `torch_backend.packed_preferred`)."""
     with torch.set_grad_enabled(request.param == "grad"):
         yield request.param
 
@@ -164,7 +166,7 @@ def test_float64_layers_use_the_native_kernel(native_calls, grad_mode):
 @pytest.mark.parametrize("scale", [1.0, 100.0])
 def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
     """An LSTM's final `c` is the unpacked kernel's own, its padded steps
-    made no-ops for `c` (`_torch_kernels.saturated_lstm`: forget gate
+    made no-ops for `c` (`torch_kernels.saturated_lstm`: forget gate
     exactly 1, input gate 0). Exact also where the weights are large (gate
     pre-activations in the hundreds: the saturation must dwarf them) and in
     float64; every mask pattern, an initial state, which the all-padding
@@ -186,7 +188,7 @@ def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
     for got_state, want_state in zip(got[1:], want[1:]):  # h, c fwd; h, c bwd
         # Its initial state, as Keras' masked loop carries it: bit for bit.
         np.testing.assert_array_equal(to_np(got_state)[empty], to_np(want_state)[empty])
-    layout = _torch_kernels.Layout(torch.tensor(MASK))
+    layout = torch_direction.Layout(torch.tensor(MASK))
     tol = 1e-12 if dtype == "float64" else 1e-5
     for inner, reverse, initial in (
         (ours.forward_layer, False, states[:2]),
@@ -195,10 +197,10 @@ def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
         initial = [torch.tensor(s, device=DEVICE) for s in initial]
         xt = torch.tensor(x, device=DEVICE)
         with torch.no_grad():
-            packed = _torch_kernels.run_direction(
+            packed = torch_direction.run_direction(
                 inner, xt, initial, layout, reverse, packed=True
             )
-        saturated = _torch_kernels.run_direction(
+        saturated = torch_direction.run_direction(
             inner, xt, initial, layout, reverse, packed=False
         )
         assert_close(saturated, packed, atol=tol * scale, rtol=tol)
@@ -309,7 +311,7 @@ PACK_MASK = np.array(
 def test_layout_packed_matches_pack_padded_sequence(reverse):
     """Packed, `Layout.read_index` reads straight from the caller's order the
     steps PyTorch's `pack_padded_sequence` packs from valid-first data."""
-    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    layout = torch_direction.Layout(torch.tensor(PACK_MASK))
     ids, batch_sizes = _pack_oracle(PACK_MASK, reverse)
     np.testing.assert_array_equal(layout.read_index(True, reverse).numpy(), ids)
     np.testing.assert_array_equal(layout.batch_sizes.numpy(), batch_sizes)
@@ -323,7 +325,7 @@ def test_layout_packed_matches_pack_padded_sequence(reverse):
 def test_layout_valid_first_reads_each_rows_steps_first(reverse):
     """Unpacked, row `b`'s first `length` kernel rows read its valid steps
     in reading order (numpy), the rest the zero row appended to `x`."""
-    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    layout = torch_direction.Layout(torch.tensor(PACK_MASK))
     index = layout.read_index(False, reverse).numpy().reshape(PACK_MASK.shape)
     for b, ids in enumerate(_valid_steps(PACK_MASK, reverse)):
         np.testing.assert_array_equal(index[b, : len(ids)], ids)
@@ -337,7 +339,7 @@ def test_layout_place_index_is_the_keras_conventions(place, packed):
     "held"/"held_zeros", the row of the last valid step at or before it
     (numpy loop); the zero row (`rows(packed)`) before a row's first valid
     step, and at every masked step for "zeros" and "held_zeros"."""
-    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    layout = torch_direction.Layout(torch.tensor(PACK_MASK))
     kernel_rows = layout.read_index(packed).numpy()
     where = {int(i): p for p, i in enumerate(kernel_rows) if i < PACK_MASK.size}
     zero_row = layout.rows(packed)
@@ -368,9 +370,9 @@ def test_run_direction_with_one_valid_step_in_a_batch_of_empty_rows(place, packe
     layer.build((None, None, D))
     x = torch.tensor(np.random.default_rng(0).standard_normal((4, 5, D)))
     x = x.to(torch.float32)
-    layout = _torch_kernels.Layout(torch.tensor(mask))
+    layout = torch_direction.Layout(torch.tensor(mask))
     with torch.no_grad():
-        y, states = _torch_kernels.run_direction(
+        y, states = torch_direction.run_direction(
             layer, x, None, layout, place=place, packed=packed
         )
         ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask)))
@@ -393,14 +395,14 @@ def test_an_all_padding_batch(packed):
     """No valid step anywhere: zeros and the initial states; the packed form
     calls no kernel, the unpacked one (training) still connects the weights
     (zero gradients, no error)."""
-    layout = _torch_kernels.Layout(torch.zeros((3, 4), dtype=torch.bool))
+    layout = torch_direction.Layout(torch.zeros((3, 4), dtype=torch.bool))
     assert layout.steps == 0 and layout.total == 0
     layer = keras.layers.LSTM(U, return_sequences=True, return_state=True)
     layer.build((None, None, D))
     h0, c0 = torch.ones((3, U)), torch.full((3, U), 2.0)
     x = torch.ones((3, 4, D), requires_grad=not packed)
     with torch.set_grad_enabled(not packed):
-        y, states = _torch_kernels.run_direction(
+        y, states = torch_direction.run_direction(
             layer, x, [h0, c0], layout, place="held", packed=packed
         )
     assert tuple(y.shape) == (3, 4, U) and not y.any()
@@ -414,10 +416,10 @@ def test_an_all_padding_batch(packed):
 def test_run_direction_rejects_an_unknown_place():
     layer = keras.layers.GRU(U)
     layer.build((None, None, D))
-    layout = _torch_kernels.Layout(torch.tensor(PACK_MASK))
+    layout = torch_direction.Layout(torch.tensor(PACK_MASK))
     with pytest.raises(ValueError, match="place must be one of"):
         x = torch.ones((6, 6, D))
-        _torch_kernels.run_direction(layer, x, None, layout, place="x")
+        torch_direction.run_direction(layer, x, None, layout, place="x")
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the direct path is the CPU's")
@@ -431,14 +433,14 @@ def test_a_masked_call_runs_each_direction_from_the_callers_order(
     from maskedrnn import MaskedRNN
 
     calls = []
-    for name in ("run", "run_direction"):
-        original = getattr(_torch_kernels, name)
+    for name in ("run_native", "run_direction"):
+        original = getattr(torch_backend, name)
 
-        def spy(*args, _name=name, _original=original, **kwargs):
-            calls.append((_name, args[1], kwargs.get("packed", args[6])))
-            return _original(*args, **kwargs)
+        def spy(way, inner, x, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, x, way == "torch-packed"))
+            return _original(way, inner, x, *args, **kwargs)
 
-        monkeypatch.setattr(_torch_kernels, name, spy)
+        monkeypatch.setattr(torch_backend, name, spy)
     make = NATIVE["gru"]
     if wrapper == "rnn":
         ours = MaskedRNN(make(return_sequences=True))
@@ -487,19 +489,19 @@ def test_inference_params_follow_every_weight_change(kind):
 FUNCTIONS = {
     "gru": (
         lambda bias: torch.nn.GRU(D, U, batch_first=True, bias=bias),
-        _torch_kernels.GRUFunction,
+        torch_kernels.GRUFunction,
         "gru",
     ),
     "rnn_tanh": (
         lambda bias: torch.nn.RNN(D, U, batch_first=True, bias=bias),
-        _torch_kernels.SimpleRNNFunction,
+        torch_kernels.SimpleRNNFunction,
         "simple_tanh",
     ),
     "rnn_relu": (
         lambda bias: torch.nn.RNN(
             D, U, batch_first=True, bias=bias, nonlinearity="relu"
         ),
-        _torch_kernels.SimpleRNNFunction,
+        torch_kernels.SimpleRNNFunction,
         "simple_relu",
     ),
 }
@@ -666,7 +668,7 @@ def test_refused_configurations_say_why_and_stay_exact(case, native_calls):
     ours, ref = pair(make)
     info = ours.kernel_info()
     if DEVICE != "cpu":  # the device's reason may come first there
-        reason = _torch_kernels.unavailable_reason(ours.forward_layer, DEVICE)
+        reason = torch_backend.unavailable_reason(ours.forward_layer, DEVICE)
     for text in info.values():
         assert text.startswith("Keras "), text
         assert reason in text, text
@@ -688,12 +690,12 @@ def test_mixed_precision_is_refused(native_calls):
 def test_reasons_for_devices_and_backends():
     layer = keras.layers.LSTM(U)
     layer.build((None, None, D))
-    assert _torch_kernels.unavailable_reason(layer, torch.device("cpu")) is None
-    assert "cuDNN" in _torch_kernels.unavailable_reason(layer, "cuda")
+    assert torch_backend.unavailable_reason(layer, torch.device("cpu")) is None
+    assert "cuDNN" in torch_backend.unavailable_reason(layer, "cuda")
     # Keras infers shapes by calling layers on "meta" tensors.
-    assert "meta" in _torch_kernels.unavailable_reason(layer, torch.device("meta"))
+    assert "meta" in torch_backend.unavailable_reason(layer, torch.device("meta"))
     cell_rnn = keras.layers.RNN(keras.layers.LSTMCell(U))
-    assert "has no PyTorch kernel" in _torch_kernels.unavailable_reason(
+    assert "has no PyTorch kernel" in torch_backend.unavailable_reason(
         cell_rnn, "cpu"
     )
 

@@ -37,7 +37,7 @@ trace, under `tf.function` / `jax.jit`) by spies (`kernels.KernelRecorder`):
 Keras' backend RNN functions (`lstm`, `gru`, `rnn`, the fused
 `bidirectional_lstm/gru`), on torch Keras' cuDNN call (`_cudnn_lstm/gru`)
 apart from its Python fallback (`_fallback_lstm/gru`) and PyTorch's native
-kernels (`maskedrnn._torch_kernels.run`), on JAX `jax.experimental.rnn.lstm`.
+kernels (`maskedrnn.backends.torch.run_native`), on JAX `jax.experimental.rnn.lstm`.
 Each row gets `kernels` (a summary line), `kernel_calls` (the records) and
 `cudnn` (`"computed"`, `"failed, fell back"` or `"not called"`).
 `--profile` also lists the RNN kernels the backend's profiler saw (CUDA

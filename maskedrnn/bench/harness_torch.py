@@ -20,9 +20,9 @@ def set_threads(threads):
 
 def auto_threads():
     """The CPU thread count when `--threads` is not given: the demo's rule
-    (`maskedrnn._torch_threads`): `OMP_NUM_THREADS` if set, else 1 for
+    (`maskedrnn.backends.torch_threads`): `OMP_NUM_THREADS` if set, else 1 for
     small models. Returns `(count, source)`."""
-    from maskedrnn._torch_threads import resolve_threads
+    from maskedrnn.backends.torch_threads import resolve_threads
 
     return resolve_threads(None)
 

@@ -15,10 +15,10 @@ tells apart
   "`_cudnn_lstm` raised ..., then `_fallback_lstm` computed";
 - on the JAX backend, `jax.experimental.rnn.lstm` (JAX's cuDNN LSTM, the
   only cuDNN RNN JAX has; Keras calls it on a GPU only);
-- PyTorch's native kernels called by `maskedrnn._torch_kernels.run` (over
-  valid-first data) and `run_direction` (a whole direction from the caller's
-  order), labelled "torch native kernel"; a GRU or SimpleRNN with gradients
-  recorded runs `_torch_kernels.GRUFunction` / `SimpleRNNFunction` there
+- PyTorch's native kernels called by `maskedrnn.backends.torch.run_native`
+  (over valid-first data) and `run_direction` (a whole direction from the
+  caller's order), labelled "torch native kernel"; a GRU or SimpleRNN with
+  gradients recorded runs `torch_kernels.GRUFunction` / `SimpleRNNFunction` there
   (PyTorch's equations in torch ops), under the same label.
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
@@ -39,8 +39,7 @@ import os
 import re
 import tempfile
 
-import keras
-
+from maskedrnn import backends
 from maskedrnn._keras_private import keras_backend_rnn
 
 # Names of RNN work in profiler traces: cuDNN's RNN kernels
@@ -58,7 +57,7 @@ def _targets():
     """(module, attribute, label, is_cudnn, has_mask) for this backend."""
     from maskedrnn._keras_private import keras_src_backend as keras_backend
 
-    backend = keras.backend.backend()
+    backend = backends.name()
     fused_is_cudnn = backend in ("torch", "jax")
     targets = [
         (keras_backend, "lstm", "backend.lstm", False, True),
@@ -72,7 +71,7 @@ def _targets():
                 (keras_backend, name, f"backend.{name}", fused_is_cudnn, True)
             )
     if backend == "torch":
-        from maskedrnn import _torch_kernels
+        from maskedrnn.backends import torch as torch_backend
 
         # (`keras.src.backend.torch.rnn` the module; the package re-exports
         # a function of the same name.)
@@ -84,8 +83,8 @@ def _targets():
             label = f"torch Python loop {name}"
             targets.append((torch_rnn, name, label, False, False))
         # Both call PyTorch's kernels; one label for both.
-        for name in ("run", "run_direction"):
-            targets.append((_torch_kernels, name, "torch native kernel", False, False))
+        for name in ("run_native", "run_direction"):
+            targets.append((torch_backend, name, "torch native kernel", False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 

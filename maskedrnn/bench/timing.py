@@ -7,6 +7,7 @@ import time
 import keras
 import numpy as np
 
+from maskedrnn import backends
 from maskedrnn.bench import config, kernels, report
 from maskedrnn.bench.config import CEILINGS, IMPLS, REFERENCE, TORCH_ONLY
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
@@ -122,7 +123,7 @@ def states_into_sequence(sequence, *states, directions=2):
 
 def run(args):
     """Runs the benchmark described by parsed `args`; returns the results."""
-    backend = keras.backend.backend()
+    backend = backends.name()
     module = backend_module(backend)
     restore = _threads_restorer(backend)
     # Thread pools are sized first: TensorFlow and JAX take it only before

@@ -2,7 +2,7 @@
 
 An LSTM or GRU keeps one block of `U` rows or columns per gate, and
 libraries disagree on the order of those blocks. Every reorder in
-`maskedrnn.convert` (and in `maskedrnn._torch_kernels`, which feeds Keras
+`maskedrnn.convert` (and in `maskedrnn.backends.torch_kernels`, which feeds Keras
 GRU weights to PyTorch's kernel) goes through the functions here; each
 permutation below says which orders it maps.
 

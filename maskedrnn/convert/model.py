@@ -11,7 +11,6 @@ so Keras can use its fused cuDNN kernels on GPU.
 `bidirectional_to_masked(layer)` does the same for a single layer.
 """
 
-import inspect
 import warnings
 
 import keras
@@ -26,11 +25,6 @@ from maskedrnn.convert.select import selector
 from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 __all__ = ["bidirectional_to_masked", "convert_model"]
-
-_CALL_SIGNATURE = inspect.signature(keras.layers.Bidirectional.call)
-_MASKED_CALL_SIGNATURE = inspect.signature(MaskedBidirectional.call)
-_RNN_CALL_SIGNATURE = inspect.signature(keras.layers.RNN.call)
-_MASKED_RNN_CALL_SIGNATURE = inspect.signature(MaskedRNN.call)
 
 # The plain RNN layers convert_model upgrades to MaskedRNN: those with a fused
 # kernel to keep (`keras.layers.RNN(cell)` has none and is copied as it is).
@@ -259,19 +253,11 @@ class _ToMasked:
 
     @staticmethod
     def call(layer, *args, **kwargs):
-        # Bidirectional.call(sequences, initial_state, mask, training) and
-        # RNN.call(sequences, initial_state, mask, training) differ from
-        # MaskedBidirectional/MaskedRNN.call(inputs, mask, lengths,
-        # initial_state, training) in their positional order: pass by name.
-        signature = (
-            _CALL_SIGNATURE
-            if isinstance(layer, MaskedBidirectional)
-            else _RNN_CALL_SIGNATURE
-        )
-        bound = signature.bind(None, *args, **kwargs).arguments
-        bound.pop("self")
-        sequences = bound.pop("sequences")
-        return layer(sequences, **bound)
+        # Bidirectional/RNN.call(sequences, initial_state, mask, training):
+        # the masked layers take the same arguments in the same order.
+        if "sequences" in kwargs:
+            args = (kwargs.pop("sequences"),) + args
+        return layer(*args, **kwargs)
 
 
 class _ToKeras:
@@ -293,18 +279,19 @@ class _ToKeras:
 
     @staticmethod
     def call(layer, *args, **kwargs):
-        signature = (
-            _MASKED_CALL_SIGNATURE
-            if isinstance(layer, keras.layers.Bidirectional)
-            else _MASKED_RNN_CALL_SIGNATURE
-        )
-        bound = signature.bind(None, *args, **kwargs).arguments
-        bound.pop("self")
-        inputs = bound.pop("inputs")
-        lengths = bound.pop("lengths", None)
+        # The masked layers' call(inputs, initial_state, mask, training,
+        # lengths) is Keras' but for `lengths`, which becomes the mask.
+        args = list(args)
+        if "inputs" in kwargs:
+            args.insert(0, kwargs.pop("inputs"))
+        lengths = args.pop(4) if len(args) > 4 else kwargs.pop("lengths", None)
         if lengths is not None:
-            bound["mask"] = _lengths_to_mask(inputs, lengths)
-        return layer(inputs, **bound)
+            mask = _lengths_to_mask(args[0], lengths)
+            if len(args) > 2:
+                args[2] = mask
+            else:
+                kwargs["mask"] = mask
+        return layer(*args, **kwargs)
 
 
 def _inner_sources(layer, source):

@@ -55,7 +55,7 @@ the saved one did.
 On the torch backend the demo runs PyTorch with one CPU thread unless told
 otherwise (`threads`, `--threads` or `OMP_NUM_THREADS`): its models are too
 small to gain from more, and on a busy machine a full thread pool makes them
-many times slower (see `maskedrnn._torch_threads`). It prints the count.
+many times slower (see `maskedrnn.backends.torch_threads`). It prints the count.
 """
 
 from maskedrnn.demo.bucket import run_bucket_demo

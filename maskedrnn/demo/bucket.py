@@ -5,8 +5,9 @@ import time
 import keras
 import numpy as np
 
+from maskedrnn import backends
 from maskedrnn._checks import check_int
-from maskedrnn._torch_threads import torch_cpu_threads
+from maskedrnn.backends.torch_threads import torch_cpu_threads
 from maskedrnn.bucketing import BucketedDataset
 from maskedrnn.demo.data import distance_data, vowels_data
 from maskedrnn.demo.models import accuracy, build_model, compile_model, predict_logits
@@ -89,7 +90,7 @@ def _bucket_demo(task, padding, seed, quick, settings, num_buckets, verbose, lay
         carry_remainder=True,
     )
     train_data = dataset
-    if keras.backend.backend() == "tensorflow":
+    if backends.name() == "tensorflow":
         train_data = dataset.to_tf_dataset()
     keras.utils.set_random_seed(seed)
     models = {}
@@ -123,7 +124,7 @@ def _bucket_demo(task, padding, seed, quick, settings, num_buckets, verbose, lay
         }
     if verbose:
         print(
-            f"maskedrnn demo --bucket: task={task} backend={keras.backend.backend()} "
+            f"maskedrnn demo --bucket: task={task} backend={backends.name()} "
             f"padding={padding} epochs={settings['epochs']} "
             f"batch_size={settings['batch_size']} units={settings['units']}"
         )

@@ -6,7 +6,8 @@ import tempfile
 import keras
 import numpy as np
 
-from maskedrnn._torch_threads import torch_cpu_threads
+from maskedrnn import backends
+from maskedrnn.backends.torch_threads import torch_cpu_threads
 from maskedrnn.demo.checks import format_results
 from maskedrnn.demo.data import distance_data, pad_more, vowels_data
 from maskedrnn.demo.models import (
@@ -147,7 +148,7 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
         data = vowels_data(padding)
     else:
         data = distance_data(padding, quick, seed)
-    backend = keras.backend.backend()
+    backend = backends.name()
     if verbose:
         print(
             f"maskedrnn demo: task={task} backend={backend} padding={padding} "

@@ -3,7 +3,7 @@
 import os
 
 from maskedrnn._checks import check_int
-from maskedrnn._torch_threads import resolve_threads
+from maskedrnn.backends.torch_threads import resolve_threads
 
 TASKS = ("vowels", "distance")
 

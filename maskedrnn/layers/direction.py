@@ -1,8 +1,8 @@
-"""Run one direction of a masked batch on an unmasked RNN.
+"""Run one direction of a masked batch on an unmasked RNN, in Keras ops.
 
-The shared core of `MaskedBidirectional` and `MaskedRNN`. A masked batch is
-described once per call by a `Steps` (lengths and the indices derived from
-them). Each direction then:
+The shared core of `MaskedBidirectional` and `MaskedRNN`, for the plan's
+`"valid_first"` route (`maskedrnn.backends.plan`). A masked batch is
+described once per call by a `maskedrnn.steps.Steps`. Each direction then:
 
 1. reads *valid-first* data: each row's valid steps moved to the front in
    order (`Steps.order`, one gather; none when the caller passes `lengths`),
@@ -11,98 +11,27 @@ them). Each direction then:
 2. zeroes the padded tail of that input, so padding never matters (inf or
    NaN there cannot reach outputs or gradients); PyTorch's packed kernel
    never reads it at all;
-3. runs the inner RNN with no Keras mask, on the kernel `kernels.choose`
-   picks (fused, PyTorch's packed kernel, or Keras' masked loop for layers
-   that have no fused kernel and for an LSTM's exact states where Keras has
-   no fused LSTM kernel);
+3. runs the inner RNN the way the plan says (`run`: the backend's `run`);
 4. reads its states after each row's last valid step (`final_state`) unless
-   the kernel returned them exact.
+   the way returned them exact.
 
 The caller places the per-step outputs back (`in_place` for the zeros-at-
 padding convention of `Bidirectional`, `held` for Keras' `RNN` convention
 that a masked step repeats the last valid output).
 
-When the kernel is Keras' masked loop anyway (`loops_over_mask`: layers with
-no fused kernel to keep, an LSTM's exact states where Keras has no fused
-LSTM kernel), a batch given with a mask skips steps 1-4: `run_masked_loop`
-runs that loop on the caller's order, which reads any mask by itself.
-
-When the kernel is PyTorch's own (`runs_in_torch`: the torch backend on
-CPU), steps 1-4 and the placement run as torch ops in one call,
-`run_in_torch` (`maskedrnn._torch_kernels.run_direction`): the same logic,
-a dozen torch ops instead of about fifty Keras ones around the kernel.
+On the `"masked_loop"` route (every direction in Keras' masked loop) a
+masked batch skips steps 1-4: `run_masked_loop` runs that loop on the
+caller's order, which reads any mask by itself. On the `"torch"` route the
+backend runs steps 1-4 and the placement in torch ops
+(`maskedrnn.backends.torch.run_direction`).
 """
 
 import keras
 from keras import ops
 
-from maskedrnn import _backend, _checks
+from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
-from maskedrnn.layers import final_state, kernels
-
-
-class Steps:
-    """Everything a call derives from its lengths, computed once.
-
-    Attributes:
-        time: The size of the time axis (int, or a scalar tensor when it is
-            unknown until run time).
-        lengths: Int32 `(batch,)`, the number of valid steps of each row, in
-            `[0, time]`.
-        order: Int32 `(batch, time)` time gather from the caller's order to
-            valid-first, or None when the data is valid-first already.
-        inverse: The inverse permutation of `order` (None with it).
-        rank: Int32 `(batch, time)` or None (with `order`): at each step of
-            the caller's order, the valid-first slot of the last valid step
-            at or before it, -1 before the first (`ops.valid_ranks`); the
-            gather index of `held` for outputs read in the caller's order.
-        valid: Bool `(batch, time)`: the valid steps of valid-first data
-            (`sequence_mask(lengths, time)`).
-        has_steps: Bool `(batch, 1)`: `lengths > 0`.
-        last: Int32 `(batch,)`: `max(lengths - 1, 0)`, each row's last valid
-            step in valid-first data.
-        reverse: Int32 `(batch, time)`: the gather index that reverses each
-            row's first `lengths` steps (`ops.reverse_index`).
-    """
-
-    def __init__(self, lengths, time, order=None, inverse=None, rank=None):
-        self.time = time
-        self.lengths = lengths
-        self.order = order
-        self.inverse = inverse
-        self.rank = rank
-        self.valid = mops.sequence_mask(lengths, time)
-        self.has_steps = ops.expand_dims(lengths > 0, -1)
-        self.last = ops.maximum(lengths - 1, 0)
-        self._reverse = None
-
-    @property
-    def reverse(self):
-        if self._reverse is None:
-            self._reverse = mops.reverse_index(self.lengths, self.time)
-        return self._reverse
-
-    @classmethod
-    def from_lengths(cls, lengths, time):
-        """Right-padded data: row `i` has `lengths[i]` valid steps (int32,
-        already checked and clipped to `[0, time]`)."""
-        return cls(lengths, time)
-
-    @classmethod
-    def from_mask(cls, mask):
-        """Any boolean `(batch, time)` mask (left padding, holes, ...)."""
-        rank, inverse, lengths = mops.valid_ranks(mask)
-        order = _backend.invert_permutation(inverse)
-        return cls(lengths, ops.shape(mask)[1], order, inverse, rank)
-
-    @classmethod
-    def full(cls, batch, time):
-        """No mask and no lengths: every step of every row is valid."""
-        return cls(ops.full((batch,), time, dtype="int32"), time)
-
-    def valid_first(self, x):
-        """`x` in valid-first order (no copy when it already is)."""
-        return x if self.order is None else mops.gather_time(x, self.order)
+from maskedrnn.layers import final_state
 
 
 def zero_padding(x, steps):
@@ -123,10 +52,7 @@ def zero_masked_inputs(x, mask):
     and with the zeroing written in that order XLA fuses it into that
     transpose, so a forward pass makes one pass over `x`, as Keras' own
     masked loop does, instead of two (under a gradient both forms make
-    three: XLA moves the transpose to the backward side). JAX CPU, one
-    thread: `KERAS_BACKEND=jax python scripts/masked_loop_zeroing.py`, which
-    times both forms against Keras' masked layer (docs/results/
-    masked-loop-zeroing-jax.txt).
+    three: XLA moves the transpose to the backward side; docs/benchmarks.md).
 
     Args:
         x: Float tensor `(batch, time, features)`.
@@ -141,21 +67,11 @@ def zero_masked_inputs(x, mask):
     return ops.transpose(time_major, (1, 0, 2))
 
 
-def loops_over_mask(inner, where, want_states=False):
-    """True when `kernels.choose` sends `inner` to Keras' masked step loop.
-
-    That loop reads any mask (left padding, holes, all-padding rows) as it
-    comes, so a batch given with `mask=` skips the valid-first reordering
-    and runs `run_masked_loop` in the caller's order instead.
-    """
-    return kernels.choose(inner, where, want_states)[0] is kernels.run_keras_masked
-
-
 def run_masked_loop(inner, x, mask, initial_state=None, training=None):
     """Runs `inner` in Keras' masked step loop over the caller's order.
 
-    For the layers `kernels.choose` gives no fused kernel to keep (see
-    `loops_over_mask`): Keras' own masked loop, exact, with no reordering.
+    The plan's `"masked_loop"` route (every direction's way
+    `"keras-masked"`): Keras' own masked loop, exact, with no reordering.
 
     Args:
         inner: The inner RNN, returning sequences and states, reading
@@ -187,63 +103,17 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
     return y, list(states)
 
 
-def runs_in_torch(inner, where, want_states=False, training=None):
-    """True when this direction runs on PyTorch's own kernels (the torch
-    backend on CPU: `kernels.run_torch_packed` / `run_torch_native`).
-
-    Then the layer runs the whole direction with `run_in_torch`, from and
-    back to the caller's order, instead of making valid-first data and
-    placing the outputs with `keras.ops`: the same results, with a dozen
-    torch ops around the kernel instead of about fifty Keras ones. Input
-    dropout (`training` with `dropout > 0`) takes `run`, which applies it.
-    """
-    if training and inner.cell.dropout:
-        return False
-    runner = kernels.choose(inner, where, want_states)[0]
-    return runner in (kernels.run_torch_packed, kernels.run_torch_native)
-
-
-def torch_layout(mask):
-    """The layout of a batch for `run_in_torch` (computed once per call,
-    shared by both directions): `mask` is bool `(batch, time)` in the
-    caller's order."""
-    return kernels.torch_kernels().Layout(mask)
-
-
-def run_in_torch(
-    inner, x, layout, initial_state=None, reverse=False, place="zeros", want_states=True
-):
-    """One direction on PyTorch's kernel, in the caller's order.
-
-    Only where `runs_in_torch` is True. Reads each row's valid steps in
-    order (`reverse=True`: last to first) straight from `x`, and returns the
-    outputs placed as `place` says: `"zeros"` as `in_place`, `"held"` /
-    `"held_zeros"` as `held` (without / with `zero_output_for_mask`),
-    `"last"` as `last_output`; and the states after each row's last valid
-    step (the initial state for a row with none; `[]` unless
-    `want_states`). The kernel is the one `kernels.choose` picks: packed
-    for a GRU's or SimpleRNN's inference, unpacked over valid-first data
-    otherwise (an LSTM's final `c` from the kernel itself,
-    `_torch_kernels.saturated_lstm`).
-    See `maskedrnn._torch_kernels.run_direction`.
-    """
-    torch_kernels = kernels.torch_kernels()
-    # As `kernels.choose` tells its two torch runners apart.
-    packed = torch_kernels.packed_preferred(inner)
-    return torch_kernels.run_direction(
-        inner, x, initial_state, layout, reverse, place, packed, want_states
-    )
-
-
-def run(inner, x, steps, initial_state=None, training=None, want_states=True):
-    """Runs `inner` over valid-first `x`; returns `(outputs, states)`.
+def run(way, inner, x, steps, initial_state=None, training=None, want_states=True):
+    """Runs `inner` over valid-first `x` the plan's `way`; returns
+    `(outputs, states)`.
 
     Args:
+        way: The direction's way (`maskedrnn.backends.WAYS`).
         inner: The inner RNN, returning sequences and states, reading
             forward (`go_backwards=False`), built.
         x: Valid-first float tensor `(batch, time, features)`, in the order
             this direction reads it.
-        steps: The `Steps` of the batch.
+        steps: The `maskedrnn.steps.Steps` of the batch.
         initial_state: Optional list of initial state tensors.
         training: Python boolean or None (dropout).
         want_states: Whether the caller needs the final states; when False
@@ -256,12 +126,11 @@ def run(inner, x, steps, initial_state=None, training=None, want_states=True):
         step (the initial state for a row with no valid step).
     """
     cell = inner.cell
-    runner, _ = kernels.choose(inner, x, want_states)
-    if runner is not kernels.run_torch_packed:
+    if way != "torch-packed":
         # PyTorch's packed kernel never reads the padded steps; every other
-        # runner reads them, so they must hold zeros (never inf or NaN).
+        # way reads them, so they must hold zeros (never inf or NaN).
         x = zero_padding(x, steps)
-    if runner is not kernels.run_keras_masked and training and cell.dropout:
+    if way != "keras-masked" and training and cell.dropout:
         # Input dropout applied here, one mask for all steps (as the fused
         # LSTM/GRU paths and SimpleRNN's cell do), so that the LSTM state
         # recomputation and PyTorch's kernels see the same dropped x.
@@ -275,7 +144,9 @@ def run(inner, x, steps, initial_state=None, training=None, want_states=True):
             ops.zeros((batch, size), dtype=inner.compute_dtype)
             for size in state_sizes(inner)
         ]
-    y, states = runner(inner, x, initial_state, training, steps, want_states)
+    y, states = backends.current().run(
+        way, inner, x, initial_state, training, steps, want_states
+    )
     if not want_states:
         return y, []
     if states is None:
@@ -286,8 +157,7 @@ def run(inner, x, steps, initial_state=None, training=None, want_states=True):
 def with_zero_step(y):
     """`y` with one step of zeros appended to its time axis: gathering index
     `time` then reads zeros. Used instead of `where(mask, y, 0)` on the
-    outputs, which PyTorch runs 8x slower than a gather on a CPU (32 x 100 x
-    64 floats, one thread: 240 vs 30 us)."""
+    outputs, which PyTorch runs much slower than a gather on a CPU."""
     return ops.concatenate([y, ops.zeros_like(y[:, :1])], axis=1)
 
 
@@ -387,6 +257,13 @@ def inner_copy(layer, name):
     return inner
 
 
+def _weights_device(inner):
+    """A weight of `inner` (its device decides on torch), or None before
+    it is built (the default device)."""
+    weights = inner.weights if inner.built else []
+    return weights[0] if weights else None
+
+
 class MaskedWrapper(keras.layers.Layer):
     """What `MaskedRNN` and `MaskedBidirectional` share as Keras layers.
 
@@ -397,23 +274,36 @@ class MaskedWrapper(keras.layers.Layer):
     subclass supplies `compute_output_shape`.
     """
 
+    def _plan(self, inner_layers, where, masked=True, training=None):
+        """The `maskedrnn.backends.Plan` of a call with inputs on the device
+        of `where` (None: the default device), for the dict `inner_layers`
+        `{key: inner RNN}`."""
+        return backends.plan(
+            inner_layers, where, self.return_state, masked=masked, training=training
+        )
+
     def _kernel_info(self, inner_layers, inputs):
-        """`{key: sentence}` of `kernels.choose` for each inner RNN of the
-        dict `inner_layers`, for data on the device of `inputs` (default:
-        each inner layer's weights)."""
+        """`{key: sentence}` of the plan for each inner RNN of the dict
+        `inner_layers`, for data on the device of `inputs` (default: each
+        inner layer's weights)."""
         if not self.built:
             raise ValueError(
                 "kernel_info() needs a built layer: call it on data first or "
                 "call layer.build(input_shape)."
             )
-        info = {}
-        for key, inner in inner_layers.items():
-            where = inner.cell.kernel if inputs is None else inputs
-            _, info[key] = kernels.choose(inner, where, self.return_state)
-        return info
+        where = inputs
+        if where is None:
+            where = _weights_device(next(iter(inner_layers.values())))
+        return self._plan(inner_layers, where).info()
+
+    def _uses_fast_path(self, inner_layers):
+        """`uses_fast_path`: whether the plan for this layer's weights hands
+        no inner RNN a mask."""
+        where = _weights_device(next(iter(inner_layers.values())))
+        return self._plan(inner_layers, where).unmasked
 
     def compute_output_spec(
-        self, inputs, mask=None, lengths=None, initial_state=None, training=None
+        self, inputs, initial_state=None, mask=None, training=None, lengths=None
     ):
         # Functional models are built from shapes alone: run the checks that
         # need no values now, so a bad `lengths`/`mask` fails at model build.
@@ -423,10 +313,10 @@ class MaskedWrapper(keras.layers.Layer):
             _checks.check_mask(mask, inputs)
         return super().compute_output_spec(
             inputs,
-            mask=mask,
-            lengths=lengths,
             initial_state=initial_state,
+            mask=mask,
             training=training,
+            lengths=lengths,
         )
 
     def _empty_batch_outputs(self, x):

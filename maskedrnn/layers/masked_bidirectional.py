@@ -9,11 +9,12 @@ import copy
 import keras
 from keras import ops
 
-from maskedrnn import _checks
+from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
-from maskedrnn.layers import direction, kernels
+from maskedrnn.layers import direction
 from maskedrnn.layers.direction import output_size as _output_size
 from maskedrnn.layers.direction import state_sizes as _state_sizes
+from maskedrnn.steps import Steps
 
 
 def _strip_prefix(name, prefix):
@@ -84,17 +85,17 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     Call arguments:
         inputs: Float tensor of shape `(batch, time, features)`.
+        initial_state: Optional list of initial state tensors: the first half
+            for the forward layer (e.g. `[h, c]` for an LSTM), the second half
+            for the backward layer.
         mask: Optional boolean tensor of shape `(batch, time)`, usually
             attached by an upstream layer (`Embedding(mask_zero=True)`,
             `Masking`). Any pattern works: right-padded, left-padded (the
             default of `keras.utils.pad_sequences`), holes, all-padding rows.
+        training: Python boolean, passed to the inner layers (dropout).
         lengths: Optional integer tensor of shape `(batch,)`: the data is
             right-padded and row `i` has `lengths[i]` valid steps. When given,
             it wins over `mask` and saves one gather.
-        initial_state: Optional list of initial state tensors: the first half
-            for the forward layer (e.g. `[h, c]` for an LSTM), the second half
-            for the backward layer.
-        training: Python boolean, passed to the inner layers (dropout).
 
     Input shape:
         3D tensor `(batch, time, features)`; `batch` and `time` may be `None`.
@@ -163,10 +164,6 @@ class MaskedBidirectional(direction.MaskedWrapper):
         self.return_state = layer.return_state
         self.stateful = False
         self.supports_masking = True
-        self.uses_fast_path = all(
-            kernels.masked_reason(inner) is None
-            for inner in (self.forward_layer, self.backward_layer)
-        )
         if weights:
             nw = len(weights)
             self.forward_layer.initial_weights = weights[: nw // 2]
@@ -174,7 +171,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     # ------------------------------------------------------------------ build
 
-    def build(self, inputs_shape, lengths_shape=None, initial_state_shape=None):
+    def build(self, inputs_shape, initial_state_shape=None, lengths_shape=None):
         inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedBidirectional")
         self._input_features = inputs_shape[-1]
         if not self.forward_layer.built:
@@ -188,7 +185,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
                 del inner.initial_weights
 
     def compute_output_shape(
-        self, inputs_shape, lengths_shape=None, initial_state_shape=None
+        self, inputs_shape, initial_state_shape=None, lengths_shape=None
     ):
         fwd = self.forward_layer.compute_output_shape(inputs_shape)
         bwd = self.backward_layer.compute_output_shape(inputs_shape)
@@ -240,68 +237,49 @@ class MaskedBidirectional(direction.MaskedWrapper):
             Keras' masked step loop (no fused kernel to keep for that
             layer here), each with the reason it was chosen.
         """
-        return self._kernel_info(
-            {"forward": self.forward_layer, "backward": self.backward_layer}, inputs
-        )
+        return self._kernel_info(self._inners(), inputs)
+
+    @property
+    def uses_fast_path(self):
+        """Whether neither inner RNN is handed a mask here (read from the
+        plan for the layer's weights, as `kernel_info()`)."""
+        return self._uses_fast_path(self._inners())
 
     # ------------------------------------------------------------------- call
 
-    def call(self, inputs, mask=None, lengths=None, initial_state=None, training=None):
+    def call(self, inputs, initial_state=None, mask=None, training=None, lengths=None):
         x = _checks.check_inputs(inputs, "MaskedBidirectional", self._input_features)
         if x.shape[0] == 0:
             return self._empty_batch_outputs(x)
-        time = ops.shape(x)[1]
-        bad_rows = None
-        inners = (self.forward_layer, self.backward_layer)
-        masked = mask is not None or lengths is not None
-        in_torch = masked and all(
-            direction.runs_in_torch(inner, x, self.return_state, training)
-            for inner in inners
-        )
-        # Whether Keras' masked loop runs both directions (asked only when a
-        # mask or lengths is given and the torch kernels do not run).
-        loops = (
-            masked
-            and not in_torch
-            and all(
-                direction.loops_over_mask(inner, x, self.return_state)
-                for inner in inners
-            )
-        )
-        if lengths is not None:
-            lengths, bad_rows = _checks.check_lengths(lengths, x)
-            if in_torch:
-                mask = mops.sequence_mask(lengths, time)
-                return self._call_in_torch(x, mask, initial_state, bad_rows=bad_rows)
-            if loops:
-                # Keras' masked loop reads the right-padded mask of the
-                # lengths as any mask: no reordering, no per-row reversal.
-                mask = mops.sequence_mask(lengths, time)
-                return self._call_masked_loops(
-                    x, mask, initial_state, training, bad_rows
-                )
-            steps = direction.Steps.from_lengths(lengths, time)
-        elif mask is not None:
-            mask = _checks.check_mask(mask, x)
-            if in_torch:
-                return self._call_in_torch(x, mask, initial_state)
-            if loops:
-                # Keras' masked loop reads the mask as it is: no reordering.
-                return self._call_masked_loops(x, mask, initial_state, training)
-            steps = direction.Steps.from_mask(mask)
-        else:
-            steps = direction.Steps.full(ops.shape(x)[0], time)
-        x = steps.valid_first(x)
-
+        steps = Steps.from_call(x, mask, lengths)
+        plan = self._plan(self._inners(), x, steps.masked, training)
         fwd_state, bwd_state = self._split_initial_state(initial_state, x)
+        if plan.route == "torch":
+            outputs = self._call_in_torch(plan, x, steps, fwd_state, bwd_state)
+        elif plan.route == "masked_loop":
+            outputs = self._call_masked_loops(x, steps, fwd_state, bwd_state, training)
+        else:
+            outputs = self._call_valid_first(
+                plan, x, steps, fwd_state, bwd_state, training
+            )
+        return self._returned(outputs, steps.bad_rows)
+
+    def _inners(self):
+        return {"forward": self.forward_layer, "backward": self.backward_layer}
+
+    def _call_valid_first(self, plan, x, steps, fwd_state, bwd_state, training):
+        """Both directions on valid-first data (`direction.run`), the
+        outputs put back in the caller's order."""
+        x = steps.valid_first(x)
         fwd_y, fwd_states = direction.run(
-            self.forward_layer, x, steps, fwd_state, training, self.return_state
+            plan.way(0), self.forward_layer, x, steps, fwd_state, training,
+            self.return_state,
         )
         x_rev = mops.gather_time(x, steps.reverse)
         bwd_y_rev, bwd_states = direction.run(
-            self.backward_layer, x_rev, steps, bwd_state, training, self.return_state
+            plan.way(1), self.backward_layer, x_rev, steps, bwd_state, training,
+            self.return_state,
         )
-
         if self.return_sequences:
             fwd_y = direction.in_place(fwd_y, steps)
             bwd_y = direction.in_place(
@@ -310,31 +288,29 @@ class MaskedBidirectional(direction.MaskedWrapper):
         else:
             fwd_y = direction.last_output(fwd_y, steps)
             bwd_y = direction.last_output(bwd_y_rev, steps)
+        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
 
-        outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        return self._returned(outputs, bad_rows)
-
-    def _call_in_torch(self, x, mask, initial_state, bad_rows=None):
+    def _call_in_torch(self, plan, x, steps, fwd_state, bwd_state):
         """Both directions on PyTorch's kernels, from and back to the
-        caller's order (`direction.run_in_torch`, one layout shared)."""
-        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
+        caller's order (the backend's `run_direction`, one layout shared)."""
+        backend = backends.current()
         place = "zeros" if self.return_sequences else "last"
-        layout = direction.torch_layout(mask)
-        fwd_y, fwd_states = direction.run_in_torch(
-            self.forward_layer, x, layout, fwd_state, False, place, self.return_state
+        layout = backend.layout(steps.mask)
+        fwd_y, fwd_states = backend.run_direction(
+            plan.way(0), self.forward_layer, x, layout, fwd_state, False, place,
+            self.return_state,
         )
-        bwd_y, bwd_states = direction.run_in_torch(
-            self.backward_layer, x, layout, bwd_state, True, place, self.return_state
+        bwd_y, bwd_states = backend.run_direction(
+            plan.way(1), self.backward_layer, x, layout, bwd_state, True, place,
+            self.return_state,
         )
-        outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        return self._returned(outputs, bad_rows)
+        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
 
-    def _call_masked_loops(self, x, mask, initial_state, training, bad_rows=None):
+    def _call_masked_loops(self, x, steps, fwd_state, bwd_state, training):
         """Both directions in Keras' masked loop, in the caller's order
         (`direction.run_masked_loop`): the backward one over the flipped
-        time axis and mask, as Keras' `Bidirectional` runs it. `bad_rows`
-        as `_returned`'s."""
-        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
+        time axis and mask, as Keras' `Bidirectional` runs it."""
+        mask = steps.mask
         fwd_y, fwd_states = direction.run_masked_loop(
             self.forward_layer, x, mask, fwd_state, training
         )
@@ -348,8 +324,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             fwd_y, bwd_y = fwd_y[:, -1], bwd_y[:, -1]
         if not self.return_state:
             fwd_states = bwd_states = []
-        outputs = self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-        return self._returned(outputs, bad_rows)
+        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
 
     def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
         """The list of outputs: the two directions merged by `merge_mode`,

@@ -9,9 +9,10 @@ import copy
 import keras
 from keras import ops
 
-from maskedrnn import _checks
+from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
-from maskedrnn.layers import direction, kernels
+from maskedrnn.layers import direction
+from maskedrnn.steps import Steps
 
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
@@ -78,16 +79,16 @@ class MaskedRNN(direction.MaskedWrapper):
 
     Call arguments:
         inputs: Float tensor of shape `(batch, time, features)`.
+        initial_state: Optional list of initial state tensors (`[h, c]` for
+            an LSTM, `[h]` for a GRU or SimpleRNN), each `(batch, units)`.
         mask: Optional boolean tensor of shape `(batch, time)`, usually
             attached by an upstream layer (`Embedding(mask_zero=True)`,
             `Masking`). Any pattern: right-padded, left-padded, holes,
             all-padding rows.
+        training: Python boolean, passed on for dropout.
         lengths: Optional integer tensor of shape `(batch,)`: the data is
             right-padded and row `i` has `lengths[i]` valid steps. When
             given, it wins over `mask` and saves one gather.
-        initial_state: Optional list of initial state tensors (`[h, c]` for
-            an LSTM, `[h]` for a GRU or SimpleRNN), each `(batch, units)`.
-        training: Python boolean, passed on for dropout.
 
     Input shape:
         3D tensor `(batch, time, features)`; `batch` and `time` may be `None`.
@@ -126,19 +127,18 @@ class MaskedRNN(direction.MaskedWrapper):
         self.zero_output_for_mask = layer.zero_output_for_mask
         self.stateful = False
         self.supports_masking = True
-        self.uses_fast_path = kernels.masked_reason(self.layer) is None
         self._input_features = None
 
     # ------------------------------------------------------------------ build
 
-    def build(self, inputs_shape, lengths_shape=None, initial_state_shape=None):
+    def build(self, inputs_shape, initial_state_shape=None, lengths_shape=None):
         inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedRNN")
         self._input_features = inputs_shape[-1]
         if not self.layer.built:
             self.layer.build(inputs_shape)
 
     def compute_output_shape(
-        self, inputs_shape, lengths_shape=None, initial_state_shape=None
+        self, inputs_shape, initial_state_shape=None, lengths_shape=None
     ):
         seq, *states = self.layer.compute_output_shape(inputs_shape)
         seq, states = tuple(seq), [tuple(s) for s in states]
@@ -173,64 +173,20 @@ class MaskedRNN(direction.MaskedWrapper):
         """
         return self._kernel_info({"layer": self.layer}, inputs)
 
+    @property
+    def uses_fast_path(self):
+        """Whether the wrapped RNN is handed no mask here (read from the
+        plan for the layer's weights, as `kernel_info()`)."""
+        return self._uses_fast_path({"layer": self.layer})
+
     # ------------------------------------------------------------------- call
 
-    def call(self, inputs, mask=None, lengths=None, initial_state=None, training=None):
+    def call(self, inputs, initial_state=None, mask=None, training=None, lengths=None):
         x = _checks.check_inputs(inputs, "MaskedRNN", self._input_features)
         if x.shape[0] == 0:
             return self._empty_batch_outputs(x)
-        time = ops.shape(x)[1]
-        bad_rows = read_mask = None
-        how = "valid_first"
-        masked = mask is not None or lengths is not None
-        in_torch = masked and direction.runs_in_torch(
-            self.layer, x, self.return_state, training
-        )
-        loops = (
-            masked
-            and not in_torch
-            and direction.loops_over_mask(self.layer, x, self.return_state)
-        )
-        if lengths is not None:
-            lengths, bad_rows = _checks.check_lengths(lengths, x)
-            if loops:
-                # Keras' masked loop reads the right-padded mask of the
-                # lengths as any mask (below): no valid-first machinery.
-                mask, lengths = mops.sequence_mask(lengths, time), None
-        if lengths is not None:
-            if in_torch:
-                how = "torch"
-                read_mask = mops.sequence_mask(lengths, time)
-                if self.go_backwards:
-                    # As Keras: the whole padded time axis reversed.
-                    x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
-            else:
-                steps = direction.Steps.from_lengths(lengths, time)
-                read_mask = steps.valid
-                if self.go_backwards:
-                    # The valid-first form of the reversed rows: each row's
-                    # valid steps, reversed by its own length.
-                    x = mops.gather_time(x, steps.reverse)
-                    read_mask = ops.flip(read_mask, 1)
-        else:
-            if mask is not None:
-                mask = _checks.check_mask(mask, x)
-            if self.go_backwards:
-                # As Keras: the whole padded time axis and the mask reversed.
-                x = ops.flip(x, 1)
-                mask = None if mask is None else ops.flip(mask, 1)
-            if mask is None:
-                steps = direction.Steps.full(ops.shape(x)[0], time)
-            elif in_torch:
-                how, read_mask = "torch", mask
-            elif loops:
-                # Keras' masked loop reads the mask as it is: no reordering.
-                how = "masked_loop"
-            else:
-                steps = direction.Steps.from_mask(mask)
-                x = steps.valid_first(x)
-                read_mask = mask
-
+        steps = Steps.from_call(x, mask, lengths)
+        plan = self._plan({"layer": self.layer}, x, steps.masked, training)
         state = _checks.check_initial_state(
             initial_state,
             x,
@@ -243,28 +199,32 @@ class MaskedRNN(direction.MaskedWrapper):
             ],
         )
         state = None if state is None else state[0]
-        if how == "torch":
-            y, states = self._run_in_torch(x, read_mask, state)
-        elif how == "masked_loop":
-            y, states = direction.run_masked_loop(self.layer, x, mask, state, training)
-            y = y if self.return_sequences else y[:, -1]
-            states = states if self.return_state else []
+        if plan.route == "torch":
+            y, states = self._run_in_torch(plan, x, steps, state)
+        elif plan.route == "masked_loop":
+            y, states = self._run_masked_loop(x, steps, state, training)
         else:
-            y, states = self._run_valid_first(x, steps, read_mask, state, training)
+            y, states = self._run_valid_first(plan, x, steps, state, training)
         outputs = [ops.cast(t, self.compute_dtype) for t in [y] + list(states)]
-        return self._returned(outputs, bad_rows)
+        return self._returned(outputs, steps.bad_rows)
 
-    def _run_in_torch(self, x, read_mask, state):
+    def _run_in_torch(self, plan, x, steps, state):
         """Outputs and states on PyTorch's kernel, straight from and back to
-        the reading order (`direction.run_in_torch`)."""
+        the reading order (the backend's `run_direction`)."""
+        read_mask = steps.mask
+        if self.go_backwards:
+            # As Keras: the whole padded time axis and the mask reversed.
+            x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
         if not self.return_sequences:
             place = "last"
         else:
             place = "held_zeros" if self.zero_output_for_mask else "held"
-        y, states = direction.run_in_torch(
+        backend = backends.current()
+        y, states = backend.run_direction(
+            plan.way(),
             self.layer,
             x,
-            direction.torch_layout(read_mask),
+            backend.layout(read_mask),
             state,
             place=place,
             want_states=self.return_state,
@@ -273,11 +233,37 @@ class MaskedRNN(direction.MaskedWrapper):
             y = self._zero_if_last_step_masked(y, read_mask)
         return y, states
 
-    def _run_valid_first(self, x, steps, read_mask, state, training):
+    def _run_masked_loop(self, x, steps, state, training):
+        """Keras' masked loop on the reading order, handed the mask as it is
+        (`direction.run_masked_loop`)."""
+        mask = steps.mask
+        if self.go_backwards:
+            # As Keras: the whole padded time axis and the mask reversed.
+            x, mask = ops.flip(x, 1), ops.flip(mask, 1)
+        y, states = direction.run_masked_loop(self.layer, x, mask, state, training)
+        y = y if self.return_sequences else y[:, -1]
+        return y, states if self.return_state else []
+
+    def _run_valid_first(self, plan, x, steps, state, training):
         """Outputs and states from valid-first `x` (`direction.run`), the
         outputs placed as Keras' masked `RNN` returns them."""
+        read_mask = None
+        if steps.right_padded:
+            read_mask = steps.valid
+            if self.go_backwards:
+                # The valid-first form of the reversed rows: each row's
+                # valid steps, reversed by its own length.
+                x = mops.gather_time(x, steps.reverse)
+                read_mask = ops.flip(read_mask, 1)
+        else:
+            if self.go_backwards:
+                # As Keras: the whole padded time axis (and mask) reversed.
+                x, steps = ops.flip(x, 1), steps.flipped()
+            if steps.masked:
+                read_mask = steps.mask
+                x = steps.valid_first(x)
         y, states = direction.run(
-            self.layer, x, steps, state, training, self.return_state
+            plan.way(), self.layer, x, steps, state, training, self.return_state
         )
         if self.return_sequences:
             if read_mask is not None:

@@ -2,16 +2,15 @@
 
 PyTorch sizes its intra-op thread pool to every core. For models as small as
 the demo's (a 64-unit LSTM, batches of 32) the per-op work is too small to
-split, and on a busy machine the pool's threads wait on each other and the
-demo runs many times slower. So the demo and the bench default to one
-thread (PyTorch's own advice for small models). Other backends are left
+split, and on a busy machine the pool's threads wait on each other, so
+the demo and the bench default to one thread. Other backends are left
 alone.
 """
 
 import contextlib
 import os
 
-import keras
+from maskedrnn import backends
 
 # Thread count for small models when neither the caller nor OMP_NUM_THREADS
 # says otherwise.
@@ -50,7 +49,7 @@ def torch_cpu_threads(count):
     Yields:
         `count` on the torch backend, `None` otherwise.
     """
-    if keras.backend.backend() != "torch":
+    if backends.name() != "torch":
         yield None
         return
     import torch

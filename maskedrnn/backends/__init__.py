@@ -1,0 +1,253 @@
+"""Every backend-specific decision and kernel of maskedrnn, one module per backend.
+
+Modelled on Keras' `keras/src/backend/<name>/rnn.py`: `tensorflow.py`,
+`jax.py` and `torch.py` define the same functions, and the layers ask the
+current backend's module (`current()`) instead of testing the backend's
+name. What a backend cannot do it declines, and says why.
+
+Each backend module answers:
+
+- `options(inner, where, want_states)`: the ways it has of running one
+  masked direction of the inner RNN `inner` for data on the device of
+  `where`, best first, each paired with what stops it here (`None`: nothing;
+  a `Why`, hard when the way cannot run, soft when it can but is slower);
+- `describe(way, inner, want_states, options)`: the sentence `kernel_info()`
+  reports for the chosen way;
+- `run(way, inner, x, initial_state, training, steps, want_states)`: runs
+  that way on valid-first data (`maskedrnn.steps.Steps`);
+- `layout(mask)` and `run_direction(...)`: the caller's-order kernels (both
+  directions of a batch from one layout; torch only, the others decline);
+- `is_concrete`, `invert_permutation`, `take_rows`, `has_fused_rnn_kernel`:
+  the backend-specific pieces of the checks and ops.
+
+The ways, by name (`WAYS`):
+
+- `"torch-packed"`: PyTorch's packed kernel, only the valid steps run
+  (torch on CPU, no gradient recorded);
+- `"torch-unpacked"`: PyTorch's unpacked kernel over zero-padded
+  valid-first data (torch on CPU);
+- `"keras-unmasked"`: the Keras inner layer called with no mask on
+  valid-first data, so its backend may pick a fused kernel (cuDNN);
+- `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
+  RNN layer, any backend, exact).
+
+A call computes one `Plan` (`plan()`): the way of each direction and the
+route of the call, `"torch"` (PyTorch's kernels straight from the caller's
+order), `"masked_loop"` (the mask handed to Keras' loop on the caller's
+order) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
+direction`). `kernel_info()` and `uses_fast_path` are read from a plan too.
+`force(way)` makes every plan in its block take `way` (for tests and
+comparisons; a way the backend cannot run here raises `Declined`).
+"""
+
+import contextlib
+import contextvars
+import importlib
+
+import keras
+
+WAYS = ("torch-packed", "torch-unpacked", "keras-unmasked", "keras-masked")
+ROUTES = ("torch", "masked_loop", "valid_first")
+
+_KNOWN = ("tensorflow", "jax", "torch")
+_FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
+_MODULES = {}
+
+
+def name():
+    """The name of the Keras backend in use (`keras.backend.backend()`)."""
+    return keras.backend.backend()
+
+
+def current():
+    """The module of this package for the Keras backend in use.
+
+    Raises:
+        NotImplementedError: for a backend maskedrnn does not support.
+    """
+    backend = keras.backend.backend()
+    module = _MODULES.get(backend)
+    if module is None:
+        if backend not in _KNOWN:
+            raise NotImplementedError(
+                f"maskedrnn has no code for the {backend!r} backend; use "
+                "tensorflow, jax or torch."
+            )
+        module = importlib.import_module(f"maskedrnn.backends.{backend}")
+        _MODULES[backend] = module
+    return module
+
+
+class Declined(ValueError):
+    """A forced way (`force`) that the backend cannot run for this layer here."""
+
+
+class Why:
+    """Why a way does not run: a sentence built only when asked for.
+
+    Args:
+        text: A string, or a function of no arguments returning one.
+        hard: Bool: True when the way cannot run (forcing it raises
+            `Declined`), False when it can but another is preferred.
+            Defaults to `True`.
+    """
+
+    __slots__ = ("_text", "hard")
+
+    def __init__(self, text, hard=True):
+        self._text = text
+        self.hard = hard
+
+    def __str__(self):
+        return self._text() if callable(self._text) else self._text
+
+
+def soft(text):
+    """A `Why` that does not stop a forced way: the way runs, but another is
+    preferred here."""
+    return Why(text, hard=False)
+
+
+@contextlib.contextmanager
+def force(way):
+    """Makes every plan made in the block run each direction `way`.
+
+    For tests and comparisons: the parity tests run every way a backend
+    offers against Keras' masked layer. `None` restores the default choice.
+    A layer called in the block whose backend cannot run `way` for it (a
+    hard `Why`) raises `Declined` saying why.
+
+    Args:
+        way: One of `WAYS`, or None.
+
+    Example:
+
+    ```python
+    layer = maskedrnn.MaskedRNN(keras.layers.GRU(8))
+    with maskedrnn.backends.force("keras-masked"):
+        y = layer(x, mask=mask)  # Keras' masked loop on every backend
+    ```
+    """
+    if way is not None and way not in WAYS:
+        raise ValueError(f"way must be one of {WAYS} or None; got {way!r}.")
+    token = _FORCED.set(way)
+    try:
+        yield
+    finally:
+        _FORCED.reset(token)
+
+
+def forced():
+    """The way `force` set for the current block, or None."""
+    return _FORCED.get()
+
+
+class Direction:
+    """How one direction of a call runs: `key` (`"forward"`, `"backward"` or
+    `"layer"`), the `inner` RNN, the chosen `way`, and the backend's
+    `options` it was chosen from (for `reason()`)."""
+
+    __slots__ = ("key", "inner", "way", "options", "want_states", "forced")
+
+    def __init__(self, key, inner, way, options, want_states, forced):
+        self.key = key
+        self.inner = inner
+        self.way = way
+        self.options = options
+        self.want_states = want_states
+        self.forced = forced
+
+    @property
+    def torch(self):
+        """True when the way is one of PyTorch's kernels."""
+        return self.way.startswith("torch")
+
+    def reason(self):
+        """The sentence `kernel_info()` reports: what runs, and why."""
+        text = current().describe(self.way, self.inner, self.want_states, self.options)
+        if self.forced:
+            text = f"forced by maskedrnn.backends.force({self.way!r}): {text}"
+        return text
+
+
+class Plan:
+    """How one call of a masked layer runs, computed once per call.
+
+    Attributes:
+        directions: Tuple of `Direction`, one per inner RNN.
+        route: `"torch"`, `"masked_loop"` or `"valid_first"` (see the
+            module docstring).
+    """
+
+    __slots__ = ("directions", "route")
+
+    def __init__(self, directions, route):
+        self.directions = directions
+        self.route = route
+
+    def way(self, index=0):
+        """The way of direction `index`."""
+        return self.directions[index].way
+
+    @property
+    def unmasked(self):
+        """True when no inner RNN is handed a mask (`uses_fast_path`)."""
+        return all(d.way != "keras-masked" for d in self.directions)
+
+    def info(self):
+        """`{key: sentence}` for each direction (`kernel_info()`)."""
+        return {d.key: d.reason() for d in self.directions}
+
+
+def _choose(options, way):
+    """The way to run from `options`: the first unhindered one, or `way`
+    (forced) unless a hard `Why` stops it."""
+    if way is None:
+        for option, why in options:
+            if why is None:
+                return option
+        raise AssertionError("a backend offered no way to run")  # pragma: no cover
+    for option, why in options:
+        if option == way:
+            if why is not None and why.hard:
+                raise Declined(f"{way!r} cannot run here: {why}")
+            return way
+    raise Declined(f"the {name()} backend has no {way!r} way")
+
+
+def plan(inners, where, want_states, masked=True, training=None):
+    """The `Plan` of one call.
+
+    Args:
+        inners: Dict `{key: inner RNN}` in direction order.
+        where: A tensor or variable whose device decides (torch), or None
+            for the default device.
+        want_states: Bool, whether the caller returns the final states.
+        masked: Bool, whether the call has a mask or lengths (else every
+            step is valid and the route is `"valid_first"`). Defaults to
+            `True`.
+        training: The call's `training` (input dropout while training runs
+            PyTorch's kernels on valid-first data, where it is applied).
+
+    Returns:
+        A `Plan`.
+    """
+    backend = current()
+    way = _FORCED.get()
+    directions = []
+    for key, inner in inners.items():
+        options = backend.options(inner, where, want_states)
+        chosen = _choose(options, way)
+        directions.append(
+            Direction(key, inner, chosen, options, want_states, way is not None)
+        )
+    directions = tuple(directions)
+    route = "valid_first"
+    if masked:
+        if all(d.torch for d in directions) and not (
+            training and any(d.inner.cell.dropout for d in directions)
+        ):
+            route = "torch"
+        elif all(d.way == "keras-masked" for d in directions):
+            route = "masked_loop"
+    return Plan(directions, route)

@@ -1,0 +1,69 @@
+"""The TensorFlow backend: Keras' layers, unmasked where a fused kernel may run.
+
+TensorFlow's fused RNN kernels are cuDNN's, reached by Keras' unmasked
+`LSTM`/`GRU` on a GPU. Without one Keras runs its generic step loop, masked
+or not, at nearly the same cost. So an LSTM whose final states are wanted
+runs Keras' masked loop where no fused LSTM kernel exists
+(`keras_ways.states_why`):
+that loop carries the exact `[h, c]` to each row's last valid step, where
+running unmasked would cost a recomputation of the cell state on top.
+"""
+
+import tensorflow as tf
+from keras import ops
+
+from maskedrnn.backends import keras_ways
+
+NAME = "tensorflow"
+WAYS = ("keras-unmasked", "keras-masked")
+
+layout = run_direction = keras_ways.no_caller_order_kernel
+
+
+def is_concrete(x):
+    """True when `x` holds values that can be read on the host right now
+    (eager TensorFlow, not a variable)."""
+    return (
+        tf.executing_eagerly()
+        and not isinstance(x, tf.Variable)
+        and hasattr(x, "numpy")
+    )
+
+
+def invert_permutation(perm):
+    """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
+    tensor of permutations: an argsort (cheaper than a scatter here)."""
+    return ops.cast(ops.argsort(perm, axis=1), "int32")
+
+
+def take_rows(flat, index):
+    """`flat[index]`: rows of `flat` (axis 0) gathered by an integer tensor
+    `index` of any shape (`keras.ops.take`)."""
+    return ops.take(flat, index, axis=0)
+
+
+def has_fused_rnn_kernel():
+    """True when Keras' LSTM/GRU may run cuDNN here: Keras' own test (a
+    visible GPU, `_is_gpu_available()` of its backend's `rnn` module)."""
+    from maskedrnn._keras_private import keras_backend_rnn
+
+    return bool(keras_backend_rnn(NAME)._is_gpu_available())
+
+
+def options(inner, where, want_states):
+    """`[(way, why)]`, best first: Keras' unmasked layer, else its masked
+    loop (see the module docstring)."""
+    return keras_ways.options(
+        inner,
+        unmasked_soft=keras_ways.states_why(inner, want_states, has_fused_rnn_kernel),
+    )
+
+
+def describe(way, inner, want_states, options):
+    """The `kernel_info()` sentence for `way`."""
+    return keras_ways.describe(way, inner, options)
+
+
+def run(way, inner, x, initial_state, training, steps, want_states):
+    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
+    return keras_ways.run(way, inner, x, initial_state, training, steps)

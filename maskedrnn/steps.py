@@ -1,0 +1,173 @@
+"""The steps of one masked batch: its lengths or mask, checked once per call.
+
+`Steps.from_call(x, mask, lengths)` runs the call-argument checks of
+`lengths` or `mask` (`maskedrnn._checks`) and returns one `Steps`, which
+every way of running a direction reads (`maskedrnn.backends`): the caller's
+mask (Keras' masked loop, PyTorch's layout), the lengths, and the
+valid-first and reverse orders (the Keras-ops core,
+`maskedrnn.layers.direction`). Each is derived on first use, once: a call
+whose plan needs only the mask never computes an order.
+"""
+
+import functools
+
+from keras import ops
+
+from maskedrnn import _checks
+from maskedrnn import ops as mops
+
+
+class Steps:
+    """Everything a call derives from its lengths or mask.
+
+    Make one with `from_call` (checked arguments) or the constructors
+    `from_lengths`, `from_mask`, `full`.
+
+    Attributes:
+        time: The size of the time axis (int, or a scalar tensor when it is
+            unknown until run time).
+        masked: Bool: the call has a mask or lengths (else every step is
+            valid).
+        right_padded: Bool: made from lengths (valid-first data).
+        bad_rows: None, or bool `(batch,)` flagging lengths that could not
+            be checked in compiled code (`_checks.poison_rows`).
+        mask: Bool `(batch, time)` in the caller's order: the caller's mask,
+            the right-padded mask of the lengths, or None when not `masked`.
+        lengths: Int32 `(batch,)`, the number of valid steps of each row, in
+            `[0, time]`.
+        order: Int32 `(batch, time)` time gather from the caller's order to
+            valid-first, or None when the data is valid-first already.
+        inverse: The inverse permutation of `order` (None with it).
+        rank: Int32 `(batch, time)` or None (with `order`): at each step of
+            the caller's order, the valid-first slot of the last valid step
+            at or before it, -1 before the first (`ops.valid_ranks`); the
+            gather index of `held` for outputs read in the caller's order.
+        valid: Bool `(batch, time)`: the valid steps of valid-first data
+            (`sequence_mask(lengths, time)`).
+        has_steps: Bool `(batch, 1)`: `lengths > 0`.
+        last: Int32 `(batch,)`: `max(lengths - 1, 0)`, each row's last valid
+            step in valid-first data.
+        reverse: Int32 `(batch, time)`: the gather index that reverses each
+            row's first `lengths` steps (`ops.reverse_index`).
+    """
+
+    def __init__(self, time, lengths=None, mask=None, batch=None, bad_rows=None):
+        self.time = time
+        self.bad_rows = bad_rows
+        self._lengths = lengths
+        self._mask = mask
+        self._batch = batch
+        # From a mask: the permutation to valid-first order is needed.
+        self._ranked = mask is not None and lengths is None
+
+    @classmethod
+    def from_call(cls, x, mask=None, lengths=None):
+        """The checked `Steps` of a call: `lengths` wins over `mask`.
+
+        Args:
+            x: The call's inputs, checked (`_checks.check_inputs`).
+            mask: Optional `(batch, time)` mask, any pattern.
+            lengths: Optional integer `(batch,)`: right-padded data.
+
+        Raises:
+            ValueError: for a bad `lengths` or `mask` (see `_checks`).
+        """
+        time = ops.shape(x)[1]
+        if lengths is not None:
+            lengths, bad_rows = _checks.check_lengths(lengths, x)
+            return cls(time, lengths=lengths, bad_rows=bad_rows)
+        if mask is not None:
+            return cls.from_mask(_checks.check_mask(mask, x))
+        return cls.full(ops.shape(x)[0], time)
+
+    @classmethod
+    def from_lengths(cls, lengths, time):
+        """Right-padded data: row `i` has `lengths[i]` valid steps (int32,
+        already checked and clipped to `[0, time]`)."""
+        return cls(time, lengths=lengths)
+
+    @classmethod
+    def from_mask(cls, mask):
+        """Any boolean `(batch, time)` mask (left padding, holes, ...)."""
+        return cls(ops.shape(mask)[1], mask=mask)
+
+    @classmethod
+    def full(cls, batch, time):
+        """No mask and no lengths: every step of every row is valid."""
+        return cls(time, batch=batch)
+
+    @property
+    def masked(self):
+        return self._mask is not None or self._lengths is not None
+
+    @property
+    def right_padded(self):
+        """True when made from lengths: the data is valid-first already."""
+        return self._lengths is not None
+
+    @functools.cached_property
+    def mask(self):
+        if self._mask is not None:
+            return self._mask
+        if self._lengths is None:
+            return None
+        return mops.sequence_mask(self._lengths, self.time)
+
+    @functools.cached_property
+    def _valid_ranks(self):
+        rank, inverse, lengths = mops.valid_ranks(self._mask)
+        order = _backend_invert(inverse)
+        return rank, inverse, lengths, order
+
+    @functools.cached_property
+    def lengths(self):
+        if self._lengths is not None:
+            return self._lengths
+        if self._ranked:
+            return self._valid_ranks[2]
+        return ops.full((self._batch,), self.time, dtype="int32")
+
+    @property
+    def order(self):
+        return self._valid_ranks[3] if self._ranked else None
+
+    @property
+    def inverse(self):
+        return self._valid_ranks[1] if self._ranked else None
+
+    @property
+    def rank(self):
+        return self._valid_ranks[0] if self._ranked else None
+
+    @functools.cached_property
+    def valid(self):
+        return mops.sequence_mask(self.lengths, self.time)
+
+    @functools.cached_property
+    def has_steps(self):
+        return ops.expand_dims(self.lengths > 0, -1)
+
+    @functools.cached_property
+    def last(self):
+        return ops.maximum(self.lengths - 1, 0)
+
+    @functools.cached_property
+    def reverse(self):
+        return mops.reverse_index(self.lengths, self.time)
+
+    def valid_first(self, x):
+        """`x` in valid-first order (no copy when it already is)."""
+        return x if self.order is None else mops.gather_time(x, self.order)
+
+    def flipped(self):
+        """The `Steps` of the batch with its time axis reversed (Keras'
+        `go_backwards`): the flipped mask, read as any mask."""
+        if not self.masked:
+            return self
+        return Steps.from_mask(ops.flip(self.mask, 1))
+
+
+def _backend_invert(inverse):
+    from maskedrnn import backends
+
+    return backends.current().invert_permutation(inverse)

@@ -1,0 +1,244 @@
+"""`maskedrnn.backends`: one plan per call, forced plans, and the layout.
+
+- The plan a call runs is the one `kernel_info()` and `uses_fast_path`
+  report: spies on the code each way calls (the inner Keras layer and the
+  mask it gets, PyTorch's kernels) agree with the sentence, for the default
+  plan and for every forced way.
+- `force(way)` runs that way, and a way the backend cannot run for a layer
+  here raises `Declined` with the reason; forcing outside `WAYS` is an
+  error.
+- Reason sentences are built only when asked for (`kernel_info()`): a call
+  builds none.
+- The package layout: no module outside `maskedrnn/backends/` asks for the
+  backend's name or imports a backend framework (with the exceptions below,
+  each a framework API used on purpose), and no module passes 600 lines.
+  Oracle: the source of every module, read with `ast`.
+"""
+
+import ast
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+import maskedrnn
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends
+from tests.helpers import BACKEND, assert_close, oracle_pair, spy_masks
+
+B, T, D, U = 4, 5, 3, 4
+PACKAGE = pathlib.Path(maskedrnn.__file__).resolve().parent
+
+
+def _inputs():
+    x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")
+    mask = np.ones((B, T), bool)
+    mask[0, 3:] = False
+    mask[1, :2] = False
+    mask[2] = False
+    return x, mask
+
+
+def _inners(layer):
+    if isinstance(layer, MaskedRNN):
+        return [layer.layer]
+    return [layer.forward_layer, layer.backward_layer]
+
+
+def _spy_native(monkeypatch):
+    """Inner layers handed to PyTorch's kernels (torch only)."""
+    if BACKEND != "torch":
+        return []
+    from tests.helpers import spy_native_kernels
+
+    return spy_native_kernels(monkeypatch)
+
+
+@pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
+@pytest.mark.parametrize("return_state", [False, True])
+def test_kernel_info_says_what_ran(
+    wrapper, kind, return_state, grad_mode, way, monkeypatch
+):
+    """Whatever the plan (the default one, or a forced way), the sentence of
+    each direction names the code that the spies see run, the layer matches
+    Keras' masked layer, and `uses_fast_path` says whether a mask reached
+    an inner layer."""
+    ours, ref = oracle_pair(
+        kind, U, D, wrapper=wrapper, return_sequences=True, return_state=return_state
+    )
+    seen = spy_masks(_inners(ours))
+    native = _spy_native(monkeypatch)
+    x, mask = _inputs()
+    assert_close(ours(x, mask=mask), ref(x, mask=mask))
+    info = ours.kernel_info()
+    sentences = list(info.values())
+    assert len(sentences) == len(_inners(ours))
+    if all("PyTorch's native" in s for s in sentences):
+        assert seen == [] and native == _inners(ours)
+        assert ours.uses_fast_path
+    elif all("masked step loop" in s for s in sentences):
+        assert native == [] and len(seen) == len(sentences)
+        assert all(m is not None for m in seen)
+        assert not ours.uses_fast_path
+    else:
+        assert all("unmasked" in s for s in sentences), sentences
+        assert native == [] and seen == [None] * len(sentences)
+        assert ours.uses_fast_path
+    if way != "default":
+        forced = f"forced by maskedrnn.backends.force('{way}')"
+        assert all(s.startswith(forced) for s in sentences)
+
+
+def test_force_rejects_unknown_ways_and_declines_with_the_reason():
+    with pytest.raises(ValueError, match="way must be one of"):
+        with backends.force("cudnn"):
+            pass
+    layer = MaskedRNN(keras.layers.RNN(keras.layers.GRUCell(U)))
+    x, mask = _inputs()
+    with backends.force("keras-unmasked"):
+        with pytest.raises(backends.Declined, match="not LSTM, GRU or SimpleRNN"):
+            layer(x, mask=mask)
+    if BACKEND != "torch":
+        with backends.force("torch-unpacked"):
+            with pytest.raises(backends.Declined, match="has no 'torch-unpacked'"):
+                MaskedRNN(keras.layers.GRU(U))(x, mask=mask)
+    # Outside the block the default plan runs again.
+    layer(x, mask=mask)
+    assert backends.forced() is None
+
+
+def test_a_call_builds_no_reason_sentence(monkeypatch):
+    """Sentences are built only for `kernel_info()`: a call that passes
+    over ways (a generic cell declines the unmasked ones) builds none."""
+    built = []
+    original = backends.Why.__str__
+    monkeypatch.setattr(
+        backends.Why, "__str__", lambda self: built.append(1) or original(self)
+    )
+    layer = MaskedBidirectional(keras.layers.RNN(keras.layers.LSTMCell(U)))
+    x, mask = _inputs()
+    layer(x, mask=mask)
+    layer(x, lengths=mask.sum(1))
+    assert built == []
+    assert "not LSTM, GRU or SimpleRNN" in layer.kernel_info()["forward"]
+    assert built
+
+
+def test_every_backend_module_answers_the_same_questions():
+    """As Keras' `backend/<name>/rnn.py`: the same functions in each module
+    (imported here by name only: a module imports its framework)."""
+    names = {
+        "options",
+        "describe",
+        "run",
+        "layout",
+        "run_direction",
+        "is_concrete",
+        "invert_permutation",
+        "take_rows",
+        "has_fused_rnn_kernel",
+    }
+    for backend in ("tensorflow", "jax", "torch"):
+        tree = ast.parse((PACKAGE / "backends" / f"{backend}.py").read_text())
+        defined = set()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        assert names <= defined, (backend, names - defined)
+    assert set(backends.current().WAYS) <= set(backends.WAYS)
+    assert backends.current().WAYS[-1] == "keras-masked"
+
+
+# ------------------------------------------------------------------ layout
+
+FRAMEWORKS = ("tensorflow", "jax", "jaxlib", "torch")
+
+# Framework APIs used on purpose outside backends/: the benchmark harness
+# times each framework's own modules and profilers; LiteRT conversion is
+# TensorFlow's (export.py), and `to_tf_dataset` builds a tf.data pipeline
+# (bucketing.py).
+ALLOWED_IMPORTS = {
+    "export.py": {"tensorflow"},
+    "bucketing.py": {"tensorflow"},
+}
+
+
+def _modules():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _framework_imports(tree):
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        found.update(n.split(".")[0] for n in names if n.split(".")[0] in FRAMEWORKS)
+    return found
+
+
+def _asks_backend_name(tree):
+    """Line numbers of `keras.backend.backend()` calls."""
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func) == "keras.backend.backend"
+    ]
+
+
+def test_only_backends_ask_for_the_backend_or_import_its_framework():
+    offenders = {}
+    for path in _modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith("backends/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        asks = _asks_backend_name(tree)
+        imports = _framework_imports(tree)
+        if not relative.startswith("bench/"):
+            imports -= ALLOWED_IMPORTS.get(relative, set())
+        else:
+            imports = set()
+        if asks or imports:
+            offenders[relative] = (asks, sorted(imports))
+    assert offenders == {}, (
+        "ask maskedrnn.backends (backends.current(), backends.name()) instead"
+    )
+
+
+def test_the_finders_see_what_they_look_for():
+    tree = ast.parse(
+        "import keras\nimport torch.nn\nfrom jax import numpy\n"
+        "def f():\n    import tensorflow as tf\n    return keras.backend.backend()\n"
+    )
+    assert _framework_imports(tree) == {"torch", "jax", "tensorflow"}
+    assert _asks_backend_name(tree) == [6]
+
+
+# Modules still to be split (each split removes its name from here).
+TO_SPLIT = {"bucketing.py", "datasets.py", "demo.py"}
+
+
+def test_no_module_passes_600_lines():
+    long = {
+        p.relative_to(PACKAGE).as_posix()
+        for p in _modules()
+        if len(p.read_text(encoding="utf-8").splitlines()) > 600
+    }
+    assert long == TO_SPLIT
+
+
+def test_plan_of_a_forced_way_is_what_kernel_info_reports():
+    layer = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
+    layer.build((None, None, D))
+    with backends.force("keras-masked"):
+        info = layer.kernel_info()["layer"]
+        assert not layer.uses_fast_path
+    assert "masked step loop" in info and "forced" in info
