@@ -47,13 +47,15 @@ __all__ = [
     "check_mask",
     "check_initial_state",
     "match_leading_dims",
+    "static_dim",
     "invalid_lengths",
     "clamp_lengths",
     "poison_rows",
 ]
 
 
-def _static(dim):
+def static_dim(dim):
+    """`dim` when the shape knows it (an int), else `None`."""
     return dim if isinstance(dim, int) else None
 
 
@@ -92,7 +94,7 @@ def match_leading_dims(tensor, inputs, ndim, name):
         )
     unknown = False
     for axis in range(ndim):
-        a, b = _static(tensor.shape[axis]), _static(inputs.shape[axis])
+        a, b = static_dim(tensor.shape[axis]), static_dim(inputs.shape[axis])
         if a is not None and b is not None:
             if a != b:
                 raise ValueError(

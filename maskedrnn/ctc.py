@@ -22,6 +22,7 @@ from keras import ops
 
 from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
+from maskedrnn._checks import static_dim
 from maskedrnn._keras_private import get_keras_mask, reduce_weighted_values
 
 __all__ = [
@@ -31,10 +32,6 @@ __all__ = [
     "ctc_ids_to_text",
     "character_error_rate",
 ]
-
-def _static(dim):
-    return dim if isinstance(dim, int) else None
-
 
 def _check_logits(y_pred, what="y_pred"):
     if len(y_pred.shape) != 3:
@@ -85,7 +82,7 @@ def _labels(y_true, y_pred):
             "y_true must be integer labels of shape (batch, max_label_length), "
             f"padded with 0; got shape {tuple(y_true.shape)}."
         )
-    b_true, b_pred = _static(y_true.shape[0]), _static(y_pred.shape[0])
+    b_true, b_pred = static_dim(y_true.shape[0]), static_dim(y_pred.shape[0])
     if b_true is not None and b_pred is not None and b_true != b_pred:
         raise ValueError(
             f"y_true has {b_true} rows but y_pred has {b_pred} (batch dimension); "
@@ -94,7 +91,7 @@ def _labels(y_true, y_pred):
         )
     y_true = ops.cast(y_true, "int32")
     classes = ops.shape(y_pred)[2]
-    if backends.current().is_concrete(y_true) and _static(classes) is not None:
+    if backends.current().is_concrete(y_true) and static_dim(classes) is not None:
         values = ops.convert_to_numpy(y_true)
         if values.size and values.min() < 0:
             raise ValueError(
@@ -121,7 +118,7 @@ def _labels(y_true, y_pred):
 def _min_frames(labels, label_lengths):
     """Fewest frames that can emit each row: one per label plus one blank
     between each pair of equal neighbours."""
-    if _static(labels.shape[1]) == 0:
+    if static_dim(labels.shape[1]) == 0:
         return label_lengths
     same = ops.logical_and(
         ops.equal(labels[:, 1:], labels[:, :-1]), ops.not_equal(labels[:, 1:], 0)
@@ -342,7 +339,7 @@ def _check_lengths(lengths, y_pred):
         values = ops.convert_to_numpy(lengths)
         if values.size and values.min() < 0:
             raise ValueError(f"lengths must be >= 0; got min(lengths)={values.min()}.")
-        if _static(time) is not None and values.size and values.max() > time:
+        if static_dim(time) is not None and values.size and values.max() > time:
             raise ValueError(
                 f"lengths has a value {values.max()} longer than the time axis of "
                 f"y_pred ({time}); clip lengths or pad y_pred."
