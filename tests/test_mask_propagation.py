@@ -125,3 +125,32 @@ def test_masked_calls_never_warn_that_the_mask_is_destroyed(wrapper, kind):
         layer(x, mask=valid)
         layer(x, lengths=valid.sum(1))
     assert not [w for w in caught if DESTROY in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "wrapper, go_backwards",
+    [(MaskedBidirectional, False), (MaskedRNN, False), (MaskedRNN, True)],
+)
+@pytest.mark.parametrize("return_state", [False, True])
+def test_output_mask_is_the_input_mask_on_every_way(
+    way, wrapper, go_backwards, return_state
+):
+    """The sequence outputs carry the input mask as it is, as Keras'
+    `RNN.compute_mask` says, whichever way the layer runs: not the reversed
+    mask a `go_backwards` direction reads, which the inner layer of Keras'
+    masked loop attaches to its own output. States carry no mask."""
+    x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")
+    _, valid, _ = tokens("pre")
+    inner = keras.layers.GRU(
+        U, return_sequences=True, return_state=return_state, go_backwards=go_backwards
+    )
+    if wrapper is MaskedBidirectional:
+        layer, n_sequences = wrapper(inner, merge_mode=None), 2
+    else:
+        layer, n_sequences = wrapper(inner), 1
+    outputs = layer(x, mask=valid)
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    for y in outputs[:n_sequences]:
+        np.testing.assert_array_equal(to_np(get_keras_mask(y)), valid)
+    for state in outputs[n_sequences:]:
+        assert get_keras_mask(state) is None

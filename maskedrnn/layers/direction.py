@@ -31,6 +31,7 @@ from keras import ops
 
 from maskedrnn import _checks, backends
 from maskedrnn import ops as mops
+from maskedrnn._keras_private import set_keras_mask
 from maskedrnn.layers import final_state
 
 
@@ -95,6 +96,10 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
         initial_state=initial_state,
         training=training,
     )
+    # The inner layer attached its output mask, the mask in this reading
+    # order (reversed for a `go_backwards` layer). Cleared: the wrapper's
+    # `compute_mask` gives its outputs their mask, the input mask as it is.
+    set_keras_mask(y, None)
     if initial_state is not None:
         # Keras' JAX loop outputs the initial h before a row's first valid
         # step; `held`, and Keras' other backends, output zeros there.
