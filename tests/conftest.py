@@ -27,13 +27,17 @@ users get ("default") and once per way the backend has
 (`maskedrnn.backends.force`, `maskedrnn.backends.WAYS`); a way the backend
 declines for the test's layer here (`maskedrnn.backends.Declined`: e.g.
 PyTorch's packed kernel while gradients are recorded, or Keras' unmasked
-layer for a generic cell) skips that run, saying why.
+layer for a generic cell) skips that run, saying why, and so does a way
+the default run already ran for every call (e.g. Keras' masked loop on a
+JAX CPU): the forced run would repeat it exactly.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
 kernel over valid-first data, and its packed kernel, which returns the final
 states itself; `maskedrnn.backends.torch_direction.run_direction`).
 """
+
+import os
 
 import keras
 import pytest
@@ -56,18 +60,53 @@ def grad_mode(request):
         yield request.param
 
 
-WAYS_HERE = ["default"] + list(backends.current().WAYS)
+# MASKEDRNN_TEST_WAYS (comma-separated) narrows the ways tried, e.g. to
+# "default,keras-masked" for the run on the next Keras
+# (scripts/check_next_keras.sh), where what matters is Keras' own code.
+_ASKED = os.environ.get("MASKEDRNN_TEST_WAYS", "")
+WAYS_HERE = [
+    w
+    for w in ["default"] + list(backends.current().WAYS)
+    if not _ASKED or w in _ASKED.split(",")
+]
+# Test (its id without the `way` parameter) -> the ways of every direction of
+# every plan its passed default run made (`backends.record`).
+_DEFAULT_RUNS = {}
+
+
+def _without_way(item):
+    params = {k: v for k, v in item.callspec.params.items() if k != "way"}
+    return item.nodeid.split("[")[0], repr(sorted(params.items()))
 
 
 @pytest.fixture(params=WAYS_HERE)
 def way(request):
     """The test body runs under `maskedrnn.backends.force(way)`, or with
-    the default plan ("default")."""
+    the default plan ("default"). A forced way that the default run of the
+    same test (same other parameters, same process) ran for every direction
+    of every call would repeat that run exactly: it is skipped."""
+    key = _without_way(request.node)
     if request.param == "default":
-        yield request.param
+        with backends.record() as plans:
+            yield request.param
+        report = getattr(request.node, "call_report", None)
+        if report is not None and report.passed:
+            _DEFAULT_RUNS[key] = [[d.way for d in p.directions] for p in plans]
         return
+    ran = _DEFAULT_RUNS.get(key)
+    if ran is not None and all(w == request.param for ways in ran for w in ways):
+        pytest.skip(f"the default plan ran {request.param!r} for every call here")
     with backends.force(request.param):
         yield request.param
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps the report of each test's call on the item (for `way`)."""
+    report = yield
+    if report.when == "call":
+        item.call_report = report
+    return report
 
 
 @pytest.hookimpl(wrapper=True)

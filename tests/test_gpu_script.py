@@ -41,8 +41,16 @@ def dry_run(tmp_path, *options, **env):
     )
 
 
-def test_dry_run_collects_the_gpu_tests_and_parses_the_bench_commands(tmp_path):
-    result = dry_run(tmp_path)
+@pytest.fixture(scope="module")
+def full_dry_run(tmp_path_factory):
+    """The dry run of every part, once for the tests that read it, and the
+    folder it was given."""
+    folder = tmp_path_factory.mktemp("dry_run")
+    return dry_run(folder), folder
+
+
+def test_dry_run_collects_the_gpu_tests_and_parses_the_bench_commands(full_dry_run):
+    result, _ = full_dry_run
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     pattern = rf"KERAS_BACKEND={BACKEND}: (\d+) tests selected"
     selected = re.search(pattern, result.stdout)
@@ -61,7 +69,7 @@ def test_dry_run_collects_the_gpu_tests_and_parses_the_bench_commands(tmp_path):
     assert sum("--layer rnn" in c for c in commands) == 2
     assert sum("--preset stacked" in c for c in commands) == 1
     assert all(f"gpu-{BACKEND}-" in c and "--profile" in c for c in commands)
-    assert not (tmp_path / "out" / "test_gpu.log").exists()  # ran nothing
+    assert not (full_dry_run[1] / "out" / "test_gpu.log").exists()  # ran nothing
 
 
 def test_dry_run_fails_when_the_selection_is_empty(tmp_path):
@@ -90,7 +98,7 @@ def run_probe(script, *options):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the probe is torch-only")
-def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
+def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(full_dry_run):
     """`benchmarks/cuda_saturated_lstm.py`, which `--part probes` runs on the GPU,
     works (here on the CPU, tiny sizes): the saturated call and the layer
     match PyTorch's packed LSTM, and every case is timed. The dry run
@@ -101,11 +109,11 @@ def test_the_saturated_lstm_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     assert all(float(d) < 1e-5 for pair in diffs for d in pair), result.stdout
     for case in ("keras_unmasked", "maskedrnn", "saturated", "torch_packed"):
         assert len(re.findall(rf"^ +{case} ", result.stdout, re.M)) == 4, result.stdout
-    assert "benchmarks/cuda_saturated_lstm.py" in dry_run(tmp_path).stdout
+    assert "benchmarks/cuda_saturated_lstm.py" in full_dry_run[0].stdout
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="the probe is JAX-only")
-def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
+def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(full_dry_run):
     """`benchmarks/jax_cudnn_seq_lengths.py`, which `--part probes` runs on the
     GPU, works here with `--ref` (JAX's reference for the cuDNN call, tiny
     sizes): one call with per-row `seq_lengths` matches Keras' masked layer,
@@ -125,4 +133,4 @@ def test_the_jax_seq_lengths_probe_runs_and_is_exact_on_a_cpu(tmp_path):
     for case in ("maskedrnn", "cudnn_seq_lengths", "keras_masked"):
         assert max(diffs[case]) < 1e-5, result.stdout
     assert min(diffs["keras_unmasked"]) > 1e-2, result.stdout  # padding read
-    assert "benchmarks/jax_cudnn_seq_lengths.py" in dry_run(tmp_path).stdout
+    assert "benchmarks/jax_cudnn_seq_lengths.py" in full_dry_run[0].stdout

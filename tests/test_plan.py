@@ -229,3 +229,34 @@ def test_plan_of_a_forced_way_is_what_kernel_info_reports():
         info = layer.kernel_info()["layer"]
         assert not layer.uses_fast_path
     assert "masked step loop" in info and "forced" in info
+
+
+def test_record_collects_the_plan_each_call_ran(way):
+    """`record()` holds one plan per call, in order, nested blocks each
+    their own; each plan is the one that ran: Keras' masked loop (the
+    `"keras-masked"` way of every direction) exactly when the inner layers
+    were handed a mask (spied; PyTorch's ways call no Keras layer), and its
+    sentences those of `kernel_info()`. Calls outside are not recorded."""
+    layer = MaskedBidirectional(keras.layers.GRU(U, return_sequences=True))
+    seen = spy_masks(_inners(layer))
+    x, mask = _inputs()
+    handed = []
+    with backends.record() as outer:
+        layer(x, mask=mask)
+        handed.append([m is not None for m in seen])
+        seen.clear()
+        with backends.record() as inner:
+            layer(x, lengths=mask.sum(1))
+        handed.append([m is not None for m in seen])
+    layer(x, mask=mask)
+    assert len(outer) == 2 and len(inner) == 1 and inner[0] is outer[1]
+    for plan, masks in zip(outer, handed):
+        ways = [d.way for d in plan.directions]
+        if all(w.startswith("torch") for w in ways):
+            assert masks == []
+        else:
+            assert masks == [w == "keras-masked" for w in ways]
+        assert (plan.route == "masked_loop") == all(w == "keras-masked" for w in ways)
+    assert outer[0].info() == layer.kernel_info()
+    if way != "default":
+        assert all(d.way == way for plan in outer for d in plan.directions)

@@ -37,7 +37,8 @@ order), `"masked_loop"` (the mask handed to Keras' loop on the caller's
 order) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
 direction`). `kernel_info()` and `uses_fast_path` are read from a plan too.
 `force(way)` makes every plan in its block take `way` (for tests and
-comparisons; a way the backend cannot run here raises `Declined`).
+comparisons; a way the backend cannot run here raises `Declined`);
+`record()` collects the plans made in its block (what a model ran).
 """
 
 import contextlib
@@ -51,6 +52,7 @@ ROUTES = ("torch", "masked_loop", "valid_first")
 
 _KNOWN = ("tensorflow", "jax", "torch")
 _FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
+_RECORDS = contextvars.ContextVar("maskedrnn_plan_records", default=())
 _MODULES = {}
 
 
@@ -140,6 +142,34 @@ def force(way):
 def forced():
     """The way `force` set for the current block, or None."""
     return _FORCED.get()
+
+
+@contextlib.contextmanager
+def record():
+    """Collects every `Plan` made in the block, in order.
+
+    One plan per call of a masked layer (a traced function records the
+    plans of its tracing, once per compilation). Blocks nest: each one
+    collects every plan made inside it.
+
+    Yields:
+        A list, filled as the block runs, of `Plan`s.
+
+    Example:
+
+    ```python
+    with maskedrnn.backends.record() as plans:
+        model.predict(x)
+    for p in plans:
+        print(p.route, p.info())  # which way ran each direction, and why
+    ```
+    """
+    plans = []
+    token = _RECORDS.set(_RECORDS.get() + (plans,))
+    try:
+        yield plans
+    finally:
+        _RECORDS.reset(token)
 
 
 class Direction:
@@ -250,4 +280,7 @@ def plan(inners, where, want_states, masked=True, training=None):
             route = "torch"
         elif all(d.way == "keras-masked" for d in directions):
             route = "masked_loop"
-    return Plan(directions, route)
+    made = Plan(directions, route)
+    for plans in _RECORDS.get():
+        plans.append(made)
+    return made
