@@ -233,16 +233,22 @@ def check_input_shape(shape, layer_name):
     return shape
 
 
+def one_per_row(t, description):
+    """`t` of shape `(batch,)`, or `(batch, 1)` squeezed to it; else a
+    `ValueError` that starts with `description` and gives the shape."""
+    if len(t.shape) == 2 and t.shape[1] == 1:
+        t = ops.squeeze(t, 1)
+    if len(t.shape) != 1:
+        raise ValueError(f"{description}; got shape {tuple(t.shape)}.")
+    return t
+
+
 def check_lengths_static(lengths, x):
     """Checks of `lengths` that need shapes and dtypes only (also at model
     build). Returns `lengths` with a trailing axis of size 1 squeezed."""
-    if len(lengths.shape) == 2 and lengths.shape[1] == 1:
-        lengths = ops.squeeze(lengths, 1)
-    if len(lengths.shape) != 1:
-        raise ValueError(
-            "lengths must have shape (batch,), one length per row; got "
-            f"shape {tuple(lengths.shape)}."
-        )
+    lengths = one_per_row(
+        lengths, "lengths must have shape (batch,), one length per row"
+    )
     if "int" not in keras.backend.standardize_dtype(lengths.dtype):
         raise ValueError(
             f"lengths must be integers; got dtype {lengths.dtype}. Cast it "

@@ -296,15 +296,11 @@ class MaskedCTC(keras.losses.Loss):
                 dtype=self.dtype,
             )
             if sample_weight is not None:
-                sample_weight = ops.convert_to_tensor(sample_weight, self.dtype)
-                if len(sample_weight.shape) == 2 and sample_weight.shape[1] == 1:
-                    sample_weight = ops.squeeze(sample_weight, 1)
-                if len(sample_weight.shape) != 1:
-                    raise ValueError(
-                        "MaskedCTC takes one sample weight per row, of shape "
-                        f"(batch,); got sample_weight of shape "
-                        f"{tuple(sample_weight.shape)}."
-                    )
+                sample_weight = _checks.one_per_row(
+                    ops.convert_to_tensor(sample_weight, self.dtype),
+                    "MaskedCTC takes one sample weight per row: sample_weight "
+                    "must have shape (batch,)",
+                )
             return reduce_weighted_values(
                 values,
                 sample_weight=sample_weight,
