@@ -43,6 +43,7 @@ import keras
 import pytest
 
 from maskedrnn import backends
+from tests.helpers import JAX_CACHE_SETTINGS
 
 GRAD_MODES = ["grad", "no_grad"] if keras.backend.backend() == "torch" else ["-"]
 
@@ -132,3 +133,31 @@ def pytest_configure(config):
         import jax
 
         jax.config.update("jax_default_matmul_precision", "highest")
+        _cache_jax_compilations(config)
+
+
+def _cache_jax_compilations(config):
+    """A JAX compilation cache of this test process's own.
+
+    Eager JAX compiles the loop of every new layer call anew (a new Python
+    function each time), and the tests call many layers that lower to the
+    same XLA program: a persistent compilation cache in a fresh directory
+    compiles each program once per process instead. The directory is not
+    shared with other test processes (JAX writes its entries without a
+    lock, and with its size limit, the lock, it rescans the directory at
+    every write): only a child process the test waits for may use it
+    (`tests.helpers.jax_cache_env`). Removed at the end; a
+    `JAX_COMPILATION_CACHE_DIR` of your own is left as it is.
+    """
+    import shutil
+    import tempfile
+
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="maskedrnn-test-jax-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    for name, value in JAX_CACHE_SETTINGS.items():
+        jax.config.update(name.lower(), path if value is None else value)
+

@@ -246,6 +246,34 @@ def save_and_load(model):
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+# The JAX compilation cache of a test process (tests/conftest.py), as the
+# environment names its settings; None stands for the directory.
+JAX_CACHE_SETTINGS = {
+    "JAX_COMPILATION_CACHE_DIR": None,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": 0,
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": 0,
+}
+
+
+def jax_cache_env():
+    """The environment that hands this test process's JAX compilation
+    cache to a child process the test waits for (never to two at once:
+    JAX writes its entries without a lock), so that the child's programs
+    that the tests compiled already are not compiled again. Empty where
+    there is no such cache (other backends, or a cache of the user's)."""
+    if BACKEND != "jax" or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    import jax
+
+    path = jax.config.jax_compilation_cache_dir
+    if not path:
+        return {}
+    return {
+        name: path if value is None else str(value)
+        for name, value in JAX_CACHE_SETTINGS.items()
+    }
+
+
 def run_python(argv, backend, **env):
     """Runs `python *argv` with `KERAS_BACKEND=backend` on the CPU, from the
     project root (each Keras backend needs a process of its own), plus any
@@ -258,6 +286,8 @@ def run_python(argv, backend, **env):
         CUDA_VISIBLE_DEVICES="",
         TF_CPP_MIN_LOG_LEVEL="3",
     )
+    if backend == BACKEND:
+        full_env.update(jax_cache_env())
     full_env.update(env)
     result = subprocess.run(
         [sys.executable, *argv],

@@ -27,6 +27,8 @@ import textwrap
 import keras
 import pytest
 
+from tests.helpers import jax_cache_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SKIP_MARKER = "<!-- skip-test -->"
@@ -131,7 +133,7 @@ def doc_results(tmp_path_factory):
     }
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     (tmp / "work").mkdir()
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend())
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), **jax_cache_env())
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # The blocks run in a scratch directory: import this checkout's package,
     # not whichever copy is installed.
