@@ -38,7 +38,7 @@ for backend in tensorflow jax torch; do
   (cd "$ROOT" && KERAS_BACKEND=$backend PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=3 \
     MASKEDRNN_TEST_WAYS=default,keras-masked \
     "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-    -m "not slow" -W "ignore:Layer .*will therefore destroy the mask:UserWarning" \
+    -m "not slow" \
     "${CORE[@]}" "$@") || status=1
 done
 step "done (status $status)"

@@ -101,6 +101,36 @@ def way(request):
         yield request.param
 
 
+# MASKEDRNN_TEST_EVERY_BACKEND=1 runs the tests marked `on_backends` under
+# every backend (what CI skips: scripts/test.sh).
+EVERY_BACKEND = os.environ.get("MASKEDRNN_TEST_EVERY_BACKEND", "") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skips a test marked `on_backends(*names)` under another backend.
+
+    The mark is for end-to-end checks whose code is the same on every
+    backend (documentation pages, demos, bucketed training): what differs
+    between backends, the layers' every way against Keras' masked layers,
+    is tested under each backend by the other tests. JAX on a CPU compiles
+    every new model (tens of seconds for a page of examples), so such a
+    check runs under TensorFlow and PyTorch, unless
+    `MASKEDRNN_TEST_EVERY_BACKEND=1`.
+    """
+    if EVERY_BACKEND:
+        return
+    backend = keras.backend.backend()
+    for item in items:
+        marker = item.get_closest_marker("on_backends")
+        if marker is not None and backend not in marker.args:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason=f"backend-independent: runs under {', '.join(marker.args)} "
+                    "(MASKEDRNN_TEST_EVERY_BACKEND=1 runs it here too)"
+                )
+            )
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """Keeps the report of each test's call on the item (for `way`)."""

@@ -53,6 +53,7 @@ def _probs(logits):
     return e / e.sum(-1, keepdims=True)
 
 
+@pytest.mark.on_backends("tensorflow", "torch")
 def test_distance_ours_matches_keras_masked(distance):
     results, _ = distance
     models = results["models"]
@@ -107,6 +108,7 @@ def test_distance_saved_model_reloads(distance):
     )
 
 
+@pytest.mark.on_backends("tensorflow", "torch")
 @pytest.mark.slow  # 20-30 s on TensorFlow and JAX (tracing), 9 s on torch
 def test_vowels_ours_matches_keras_masked(vowels):
     models = vowels["models"]
@@ -370,6 +372,7 @@ def test_rnn_models_are_one_direction_lstms():
     assert shapes[0] == shapes[1] == shapes[2]
 
 
+@pytest.mark.on_backends("tensorflow", "torch")
 def test_rnn_distance_ours_matches_keras_masked_lstm(rnn_distance):
     results, _ = rnn_distance
     assert results["layer"] == "rnn"
