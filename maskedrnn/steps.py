@@ -44,6 +44,8 @@ class Steps:
             gather index of `held` for outputs read in the caller's order.
         valid: Bool `(batch, time)`: the valid steps of valid-first data
             (`sequence_mask(lengths, time)`).
+        known_lengths: `lengths`, or None where only ranking the mask
+            would give them (see the property).
         has_steps: Bool `(batch, 1)`: `lengths > 0`.
         last: Int32 `(batch,)`: `max(lengths - 1, 0)`, each row's last valid
             step in valid-first data.
@@ -59,6 +61,8 @@ class Steps:
         self._batch = batch
         # From a mask: the permutation to valid-first order is needed.
         self._ranked = mask is not None and lengths is None
+        # A mask's lengths known from elsewhere (`flipped`), not by ranking.
+        self._mask_lengths = None
 
     @classmethod
     def from_call(cls, x, mask=None, lengths=None):
@@ -123,9 +127,23 @@ class Steps:
     def lengths(self):
         if self._lengths is not None:
             return self._lengths
+        if self._mask_lengths is not None:
+            return self._mask_lengths
         if self._ranked:
             return self._valid_ranks[2]
         return ops.full((self._batch,), self.time, dtype="int32")
+
+    @property
+    def known_lengths(self):
+        """`lengths` when known without ranking the mask (made from
+        lengths, flipped from steps that knew them, or derived already),
+        else None: for a way that reads the lengths off its own pass over
+        the mask instead (PyTorch's layout)."""
+        if self._lengths is not None:
+            return self._lengths
+        if self._mask_lengths is not None:
+            return self._mask_lengths
+        return self.__dict__.get("lengths")  # the cached property, if run
 
     @property
     def order(self):
@@ -164,7 +182,9 @@ class Steps:
         `go_backwards`): the flipped mask, read as any mask."""
         if not self.masked:
             return self
-        return Steps.from_mask(ops.flip(self.mask, 1))
+        flipped = Steps.from_mask(ops.flip(self.mask, 1))
+        flipped._mask_lengths = self.known_lengths  # flipping keeps them
+        return flipped
 
 
 def _backend_invert(inverse):

@@ -15,7 +15,7 @@ Each backend module answers:
   reports for the chosen way;
 - `run(way, inner, x, initial_state, training, steps, want_states)`: runs
   that way on valid-first data (`maskedrnn.steps.Steps`);
-- `layout(mask)` and `run_direction(...)`: the caller's-order kernels (both
+- `layout(steps)` and `run_direction(...)`: the caller's-order kernels (both
   directions of a batch from one layout; torch only, the others decline);
 - `is_concrete`, `invert_permutation`, `take_rows`, `has_fused_rnn_kernel`:
   the backend-specific pieces of the checks and ops.

@@ -268,7 +268,7 @@ def run_native(way, inner, x, initial_state, steps, want_states):
     """`run` for the torch ways: PyTorch's kernel over valid-first `x`."""
     packed = way == "torch-packed"
     if packed or want_states:
-        layout = Layout.from_lengths(steps.lengths, x.shape[1])
+        layout = Layout(steps.valid, steps.lengths)
         return _direction(inner, x, initial_state, layout, False, "zeros", packed, True)
     dtype = as_tensor(inner.cell.kernel).dtype
     x = as_tensor(x).to(dtype)
@@ -276,11 +276,11 @@ def run_native(way, inner, x, initial_state, steps, want_states):
     return _unpacked(inner, x, states), None
 
 
-def layout(mask):
+def layout(steps):
     """The `Layout` of a batch for `run_direction` (computed once per call,
-    shared by both directions): `mask` is bool `(batch, time)` in the
-    caller's order."""
-    return Layout(mask)
+    shared by both directions), from its `Steps` in the reading order: the
+    mask, and the lengths where the call knows them already."""
+    return Layout(steps.mask, steps.known_lengths)
 
 
 def run_direction(

@@ -40,6 +40,10 @@ class Layout:
     Args:
         mask: Bool `(batch, time)` tensor on the CPU: True at valid steps,
             in the order of the `x` the directions will read.
+        lengths: Optional integer `(batch,)`, the valid steps of each row
+            when the call knows them already (`Steps.known_lengths`); else
+            they are read off the running count of valid steps the layout
+            needs anyway.
 
     Attributes:
         batch, time: Python ints.
@@ -57,13 +61,16 @@ class Layout:
     kernel (training) never pays for them.
     """
 
-    def __init__(self, mask):
+    def __init__(self, mask, lengths=None):
         mask = as_tensor(mask).to(torch.bool)
         self.batch, self.time = mask.shape[0], mask.shape[1]
         self.mask = mask
         # count[b, t]: valid steps of row b at or before t.
         self.count = torch.cumsum(mask, 1)
-        self.lengths = self.count[:, -1]
+        if lengths is None:
+            self.lengths = self.count[:, -1]
+        else:  # int64, as torch's index ops want the steps computed from it
+            self.lengths = as_tensor(lengths).to(torch.int64)
         # Flat `b * time + t` of every valid step, row by row.
         self.valid = mask.reshape(-1).nonzero().squeeze(1)
         self.total = self.valid.shape[0]
@@ -100,12 +107,6 @@ class Layout:
     @functools.cached_property
     def active(self):
         return self._sorted[1][: int(self.batch_sizes[0])]
-
-    @classmethod
-    def from_lengths(cls, lengths, time):
-        """Right-padded data: row `i` has `lengths[i]` valid steps first."""
-        lengths = as_tensor(lengths).to("cpu", torch.int64)
-        return cls(torch.arange(time)[None, :] < lengths[:, None])
 
     def row(self, k, b, packed):
         """The kernel row of step `k` (reading order) of row `b`."""

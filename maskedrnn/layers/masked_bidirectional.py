@@ -295,7 +295,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
         caller's order (the backend's `run_direction`, one layout shared)."""
         backend = backends.current()
         place = "zeros" if self.return_sequences else "last"
-        layout = backend.layout(steps.mask)
+        layout = backend.layout(steps)
         fwd_y, fwd_states = backend.run_direction(
             plan.way(0), self.forward_layer, x, layout, fwd_state, False, place,
             self.return_state,

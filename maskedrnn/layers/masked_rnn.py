@@ -211,10 +211,9 @@ class MaskedRNN(direction.MaskedWrapper):
     def _run_in_torch(self, plan, x, steps, state):
         """Outputs and states on PyTorch's kernel, straight from and back to
         the reading order (the backend's `run_direction`)."""
-        read_mask = steps.mask
         if self.go_backwards:
             # As Keras: the whole padded time axis and the mask reversed.
-            x, read_mask = ops.flip(x, 1), ops.flip(read_mask, 1)
+            x, steps = ops.flip(x, 1), steps.flipped()
         if not self.return_sequences:
             place = "last"
         else:
@@ -224,13 +223,13 @@ class MaskedRNN(direction.MaskedWrapper):
             plan.way(),
             self.layer,
             x,
-            backend.layout(read_mask),
+            backend.layout(steps),
             state,
             place=place,
             want_states=self.return_state,
         )
         if not self.return_sequences:
-            y = self._zero_if_last_step_masked(y, read_mask)
+            y = self._zero_if_last_step_masked(y, steps.mask)
         return y, states
 
     def _run_masked_loop(self, x, steps, state, training):
