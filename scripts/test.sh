@@ -16,6 +16,12 @@ status=0
 # half of it pip installs, see docs/results/check_wheel.txt): it runs in the
 # background while pytest runs; its log is printed at the end.
 wheel_log=$(mktemp)
+# One JAX compilation cache for the JAX runs here, one directory per pytest
+# worker (tests/conftest.py): the run on the next Keras reuses the programs
+# the main run compiled.
+MASKEDRNN_TEST_JAX_CACHE=$(mktemp -d)
+export MASKEDRNN_TEST_JAX_CACHE
+trap 'rm -rf "$MASKEDRNN_TEST_JAX_CACHE"' EXIT
 bash scripts/check_wheel.sh > "$wheel_log" 2>&1 &
 wheel_pid=$!
 for backend in tensorflow jax torch; do

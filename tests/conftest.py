@@ -171,13 +171,19 @@ def _cache_jax_compilations(config):
 
     Eager JAX compiles the loop of every new layer call anew (a new Python
     function each time), and the tests call many layers that lower to the
-    same XLA program: a persistent compilation cache in a fresh directory
-    compiles each program once per process instead. The directory is not
-    shared with other test processes (JAX writes its entries without a
-    lock, and with its size limit, the lock, it rescans the directory at
-    every write): only a child process the test waits for may use it
-    (`tests.helpers.jax_cache_env`). Removed at the end; a
-    `JAX_COMPILATION_CACHE_DIR` of your own is left as it is.
+    same XLA program: a persistent compilation cache compiles each program
+    once per process instead. The directory is never used by two test
+    processes at once (JAX writes its entries without a lock, and with its
+    size limit, the lock, it rescans the directory at every write): only a
+    child process the test waits for may use it meanwhile
+    (`tests.helpers.jax_cache_env`).
+
+    It is a fresh directory, removed at the end; or, with
+    `MASKEDRNN_TEST_JAX_CACHE=DIR`, DIR's subdirectory named after the
+    pytest-xdist worker ("gw0", ...; "main" without xdist), kept: runs one
+    after the other share it (scripts/test.sh: the run on the next Keras
+    reuses the programs the main run compiled, where they are the same).
+    A `JAX_COMPILATION_CACHE_DIR` of your own is left as it is.
     """
     import shutil
     import tempfile
@@ -186,8 +192,13 @@ def _cache_jax_compilations(config):
 
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
-    path = tempfile.mkdtemp(prefix="maskedrnn-test-jax-cache-")
-    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    root = os.environ.get("MASKEDRNN_TEST_JAX_CACHE")
+    if root:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        path = os.path.join(root, worker)
+        os.makedirs(path, exist_ok=True)
+    else:
+        path = tempfile.mkdtemp(prefix="maskedrnn-test-jax-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
     for name, value in JAX_CACHE_SETTINGS.items():
         jax.config.update(name.lower(), path if value is None else value)
-
