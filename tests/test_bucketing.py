@@ -266,7 +266,7 @@ def build(kind, return_sequences=True):
     return model
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow  # jit compilations of two models, several shapes
 @pytest.mark.parametrize("padding", ["pre", "post"])
 def test_fit_on_buckets_equals_keras_masked_on_global_padding(padding):
@@ -323,7 +323,7 @@ def test_fit_on_buckets_equals_keras_masked_on_global_padding(padding):
     assert not padded[~valid].any()
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow
 def test_lengths_input_and_per_sequence_outputs_in_original_order():
     x, _, y_seq, lengths = token_data(29, seed=1)
@@ -442,7 +442,7 @@ def test_to_tf_dataset_yields_the_batches_with_a_full_batch_size_in_its_spec():
 # ----------------------------------------------------------------- demo
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow  # two quick trainings
 def test_demo_bucket_with_masked_rnn(capsys):
     from maskedrnn import demo
@@ -455,7 +455,7 @@ def test_demo_bucket_with_masked_rnn(capsys):
         assert 0.0 <= results[name]["accuracy"] <= 1.0
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow  # two quick trainings (one jit compilation per boundary)
 def test_demo_bucket_prints_seconds_per_epoch_with_and_without(capsys, monkeypatch):
     from maskedrnn import datasets, demo

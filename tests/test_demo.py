@@ -53,7 +53,7 @@ def _probs(logits):
     return e / e.sum(-1, keepdims=True)
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 def test_distance_ours_matches_keras_masked(distance):
     results, _ = distance
     models = results["models"]
@@ -81,6 +81,7 @@ def test_distance_ours_matches_keras_masked(distance):
     )
 
 
+@pytest.mark.on_backends("torch")
 def test_distance_naive_reads_padding(distance):
     results, _ = distance
     models = results["models"]
@@ -94,6 +95,7 @@ def test_distance_naive_reads_padding(distance):
         assert models[kind]["extra_padding_accuracy"] == models[kind]["accuracy"]
 
 
+@pytest.mark.on_backends("torch")
 def test_distance_saved_model_reloads(distance):
     results, path = distance
     assert results["reload"]["path"] == os.fspath(path)
@@ -108,7 +110,7 @@ def test_distance_saved_model_reloads(distance):
     )
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow  # 20-30 s on TensorFlow and JAX (tracing), 9 s on torch
 def test_vowels_ours_matches_keras_masked(vowels):
     models = vowels["models"]
@@ -372,7 +374,7 @@ def test_rnn_models_are_one_direction_lstms():
     assert shapes[0] == shapes[1] == shapes[2]
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 def test_rnn_distance_ours_matches_keras_masked_lstm(rnn_distance):
     results, _ = rnn_distance
     assert results["layer"] == "rnn"
@@ -402,6 +404,7 @@ def test_rnn_distance_ours_matches_keras_masked_lstm(rnn_distance):
     json.dumps(summary)  # JSON-ready
 
 
+@pytest.mark.on_backends("torch")
 def test_rnn_distance_naive_reads_padding(rnn_distance):
     results, _ = rnn_distance
     models = results["models"]
@@ -414,6 +417,7 @@ def test_rnn_distance_naive_reads_padding(rnn_distance):
         assert models[kind]["extra_padding_accuracy"] == models[kind]["accuracy"]
 
 
+@pytest.mark.on_backends("torch")
 def test_rnn_distance_saved_model_reloads(rnn_distance):
     results, path = rnn_distance
     assert results["reload"]["path"] == os.fspath(path)
