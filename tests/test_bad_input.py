@@ -515,6 +515,11 @@ def _served(model, lengths, bad_rows, jit_compile):
             True,
             marks=[
                 pytest.mark.slow,
+                pytest.mark.skipif(
+                    BACKEND == "torch",
+                    reason="torch.compile: checked on the compiled model of "
+                    "tests/test_execution_modes.py (one compilation for both)",
+                ),
             ],
         ),
     ],

@@ -153,6 +153,7 @@ def _assert_fit_and_predict_match_eager(kind, by, states, shapes):
         np.testing.assert_allclose(
             compiled.predict(x, verbose=0), eager.predict(x, verbose=0), atol=ATOL
         )
+    return compiled, eager
 
 
 @only("tensorflow")
@@ -205,5 +206,18 @@ def test_jax_jit_stateless_call_matches_keras_and_compiles_per_shape_only():
 def test_torch_compile_fit_and_predict_match_eager():
     """Keras runs `torch.compile` (inductor) for `jit_compile=True` on
     PyTorch; it works on CPU here (~1-2 min of compilation per graph on 2
-    busy cores)."""
-    _assert_fit_and_predict_match_eager("gru", "lengths", False, [(3, 2)])
+    busy cores). The compiled `predict` then serves the out-of-range
+    lengths check of a served model (tests/test_bad_input.py, whose own
+    torch.compile case would compile a graph of its own): a too-long and a
+    negative length give NaN rows (inductor would read the next row, and a
+    negative length would read as an empty row), the other rows their
+    eager values."""
+    compiled, eager = _assert_fit_and_predict_match_eager(
+        "gru", "lengths", False, [(3, 2)]
+    )
+    x, _, _ = data(3, 2)
+    lengths = np.array([2, 2 + 2, -1], "int32")
+    got = keras.ops.convert_to_numpy(compiled.predict([x, lengths], verbose=0))
+    assert np.all(np.isnan(got[1:])), "bad rows gave numbers silently"
+    want = eager.predict([x[:1], lengths[:1]], verbose=0)
+    np.testing.assert_allclose(got[:1], want, atol=ATOL)
