@@ -113,11 +113,10 @@ def pytest_collection_modifyitems(config, items):
     backend (documentation pages, demos, bucketed training): what differs
     between backends, the layers' every way against Keras' masked layers,
     is tested under each backend by the other tests. Such a check runs
-    where it costs least, PyTorch (eager: nothing to trace or compile; JAX
-    on a CPU compiles every new model, tens of seconds for a page of
-    examples), and the documentation pages under TensorFlow too, the
-    backend most readers have (one page branches on it). Set
-    `MASKEDRNN_TEST_EVERY_BACKEND=1` to run them under every backend.
+    where it costs least, PyTorch (eager: nothing to trace or compile;
+    TensorFlow traces and JAX on a CPU compiles every new model, tens of
+    seconds for a page of examples). Set `MASKEDRNN_TEST_EVERY_BACKEND=1`
+    to run them under every backend.
     """
     if EVERY_BACKEND:
         return

@@ -1,9 +1,9 @@
 """The documentation is executable and builds.
 
-- Every ```python block of `docs/*.md` and `README.md` runs with the current
-  Keras backend, TensorFlow or PyTorch (JAX too with
-  `MASKEDRNN_TEST_EVERY_BACKEND=1`: it compiles every model of every page,
-  minutes in all on a 2-core CPU), in one fresh Python process: the blocks
+- Every ```python block of `docs/*.md` and `README.md` runs under PyTorch
+  (every backend with `MASKEDRNN_TEST_EVERY_BACKEND=1`: TensorFlow traces
+  and JAX compiles every model of every page, minutes in all on a 2-core
+  CPU), in one fresh Python process: the blocks
   of one file run in order, sharing one namespace (a fresh one per file,
   each file in its own working directory). The pages' own `assert`s
   compare maskedrnn with Keras' masked `Bidirectional`, numpy or known
@@ -217,7 +217,7 @@ def test_pages_have_runnable_examples(name):
         assert not skipped, f"{name}: main examples must run; skipped at {skipped}"
 
 
-@pytest.mark.on_backends("tensorflow", "torch")
+@pytest.mark.on_backends("torch")
 @pytest.mark.slow
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: p.name)
 def test_doc_python_blocks_run(path, doc_results):
