@@ -39,11 +39,24 @@ states itself; `maskedrnn.backends.torch_direction.run_direction`).
 
 import os
 
-import keras
-import pytest
+# XLA compiles the tests' many small programs (every JAX layer call, and
+# TensorFlow's jit_compile): at their sizes LLVM's optimization of the
+# generated CPU code is most of the compile time and saves nothing at run
+# time. Level 0 keeps IEEE semantics (XLA's fast math is off either way):
+# the same numbers, compiled in about 20% less CPU time on the JAX suite.
+# Set before any backend starts XLA; child processes inherit it. Flags of
+# your own in XLA_FLAGS are kept (and an optimization level of your own
+# wins).
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
 
-from maskedrnn import backends
-from tests.helpers import JAX_CACHE_SETTINGS
+import keras  # noqa: E402
+import pytest  # noqa: E402
+
+from maskedrnn import backends  # noqa: E402
+from tests.helpers import JAX_CACHE_SETTINGS  # noqa: E402
 
 GRAD_MODES = ["grad", "no_grad"] if keras.backend.backend() == "torch" else ["-"]
 

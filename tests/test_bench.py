@@ -717,6 +717,7 @@ def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_pa
         assert json.load(f)["config"]["order_seed"] == 5
 
 
+@pytest.mark.on_backends("torch")  # scripts and a stand-in bench: no backend
 def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     """`scripts/bench_runs.py` end to end on a copy of the scripts, with a
     stand-in for `python -m maskedrnn.bench` (PYTHON, which

@@ -64,6 +64,7 @@ def test_swap_gru_zr_on_torch_tensors_equals_numpy():
     np.testing.assert_array_equal(got.numpy(), gate_layout.swap_gru_zr(x))
 
 
+@pytest.mark.on_backends("torch")  # its own JAX process, whatever the backend
 def test_convert_package_does_not_import_torch():
     """The converters and the permutation work with torch unimportable (on
     the JAX backend, whose Keras does not import torch either)."""

@@ -346,6 +346,7 @@ def test_docstring_examples_run():
     assert results.failed == 0 and results.attempted > 0
 
 
+@pytest.mark.on_backends("torch")  # a fresh process: the same on any backend
 def test_h5py_is_needed_only_to_read_h5_files():
     """`h5py` is imported inside the functions that read `.h5` files, never
     when maskedrnn is imported. (Keras 3.15 itself imports h5py on `import

@@ -14,7 +14,8 @@
   `maskedrnn @ git+<that url>`, or the pip requirement in
   `MASKEDRNN_PIP_SPEC`. `scripts/check_wheel.sh` (run by `scripts/test.sh`)
   executes that cell for real: it installs the built wheel in fresh
-  virtual environments and runs a notebook there, outside the source tree.
+  virtual environments and runs `01_quickstart` there, outside the source
+  tree (so `scripts/test.sh` deselects that one here).
 
 The executions are marked slow (about a minute in all on a 2-core CPU).
 """
