@@ -434,3 +434,46 @@ def test_equations_why(make, why):
         assert why in got and jax_fused.why_not(inner) == got
     assert not jax_fused.available(inner)
     assert not jax_fused.cudnn_present()
+
+
+def test_cudnn_call(monkeypatch):
+    """The `use_cudnn=True` branch calls `jax.experimental.rnn.lstm` as its
+    signature says, with float32 valid-first inputs (padding zeroed), every
+    row's length at least 1 (cuDNN fails on 0), the packed weights and the
+    precision; a stand-in computing the call with `lstm_ref` then gives the
+    reference branch's results."""
+    import inspect
+
+    real = jax_rnn.lstm
+    calls = []
+
+    def stand_in(*args, **kwargs):
+        bound = inspect.signature(real).bind(*args, **kwargs)
+        calls.append(bound.arguments)
+        a = bound.arguments
+        w = jax_rnn.unpack_lstm_weights(
+            a["weights"], a["input_size"], a["hidden_size"], 1, a["bidirectional"]
+        )
+        return jax_rnn.lstm_ref(
+            a["x"], a["h_0"], a["c_0"], *w, a["seq_lengths"],
+            a["input_size"], a["hidden_size"], a["num_layers"], a["dropout"],
+            a["bidirectional"],
+        )  # fmt: skip
+
+    monkeypatch.setattr(jax_rnn, "lstm", stand_in)
+    monkeypatch.setattr(jax_fused, "cudnn_present", lambda: True)
+    layers = _keras_layers(2, D, U)
+    weights = [tuple(v.value for v in layer.trainable_variables) for layer in layers]
+    bad = _data(0, B, T, D, LENGTHS)
+    bad[~lengths_to_mask(LENGTHS, T)] = np.nan
+    initial = _initial(2, B, U)
+    got = jax_fused.lstm(bad, LENGTHS, weights, initial, precision="highest")
+    (call,) = calls
+    np.testing.assert_array_equal(call["seq_lengths"], np.maximum(LENGTHS, 1))
+    assert call["seq_lengths"].dtype == jnp.int32 and call["x"].dtype == jnp.float32
+    assert np.all(np.isfinite(call["x"]))
+    assert call["precision"] == "highest" and call["bidirectional"] is True
+    assert (call["input_size"], call["hidden_size"], call["num_layers"]) == (D, U, 1)
+    np.testing.assert_array_equal(call["weights"], jax_fused.pack_weights(weights))
+    want = jax_fused.lstm(bad, LENGTHS, weights, initial, use_cudnn=False)
+    _assert_trees_close(got, want, atol=0, rtol=0)

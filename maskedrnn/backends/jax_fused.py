@@ -21,11 +21,12 @@ Decisions:
   the kernel is tested on a CPU that way. It is a reference, not a fast
   path: on a CPU Keras' masked loop stays the default
   (`maskedrnn.backends.jax`).
-- Mixed precision: the cuDNN call takes float32 only (its lowering rejects
-  float16 and bfloat16 outputs), so float16 and bfloat16 inputs are computed
-  in float32 and the results cast back to the input's dtype (closer to
-  float32 than Keras' own float16 step loop, never further from it than
-  that loop's rounding). float64 does not run here (`why_not`).
+- Mixed precision: the cuDNN call is float32 only (JAX documents no other
+  dtype, and its lowering rejects float16 and bfloat16 outputs), so float16
+  and bfloat16 inputs are computed in float32 and the results cast back to
+  the input's dtype: the float32 results rounded once, close to Keras' own
+  masked loop under the same policy (which steps in float16 / bfloat16).
+  float64 does not run here (`why_not`): Keras' masked loop keeps it.
 - A JAX GPU GRU has no cuDNN kernel (`jax.experimental.rnn` has an LSTM
   only): a masked GRU runs Keras' masked loop there (`why_not`).
 """
@@ -153,11 +154,19 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
         raise ValueError(f"x must be (batch, time, features); got shape {x.shape}.")
     dtype = x.dtype
     batch, time, features = x.shape
-    units = _float32(weights[0][1]).shape[0]
+    units = weights[0][1].shape[0]
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in DTYPES]:
         raise ValueError(
             f"x must be float32, float16 or bfloat16 (computed in float32); "
             f"got {dtype}. Run float64 through Keras' masked loop."
+        )
+    if use_cudnn is None:
+        use_cudnn = cudnn_present()
+    elif use_cudnn and not cudnn_present():
+        raise ValueError(
+            "use_cudnn=True needs a CUDA GPU (jax.experimental.rnn.lstm runs "
+            f"cuDNN only); JAX's device here is {jax.devices()[0].platform!r}. "
+            "Pass use_cudnn=False (JAX's reference) or None (cuDNN where present)."
         )
     if initial_state is None:
         zeros = jnp.zeros((directions, batch, units), jnp.float32)
@@ -178,14 +187,6 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
     valid = jnp.arange(time, dtype=jnp.int32)[None, :] < lengths[:, None]
     x = jnp.where(valid[..., None], _float32(x), 0.0)
     seq_lengths = jnp.maximum(lengths, 1)
-    if use_cudnn is None:
-        use_cudnn = cudnn_present()
-    elif use_cudnn and not cudnn_present():
-        raise ValueError(
-            "use_cudnn=True needs a CUDA GPU (jax.experimental.rnn.lstm runs "
-            f"cuDNN only); JAX's device here is {jax.devices()[0].platform!r}. "
-            "Pass use_cudnn=False (JAX's reference) or None (cuDNN where present)."
-        )
     kwargs = dict(
         input_size=features,
         hidden_size=units,
