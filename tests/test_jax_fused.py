@@ -395,6 +395,10 @@ def test_bad_arguments_raise():
         jax_fused.lstm(np.zeros((B, T, D)), lengths, weights, use_cudnn=False)
     with pytest.raises(ValueError, match="initial_state must hold 2"):
         jax_fused.lstm(x, lengths, weights, _initial(1, B, U), use_cudnn=False)
+    with pytest.raises(ValueError, match="precision DEFAULT"):
+        jax_fused.lstm(x, lengths, weights, use_cudnn=False, precision="default")
+    with pytest.raises(ValueError, match="precision must be"):
+        jax_fused.lstm(x, lengths, weights, use_cudnn=False, precision="fast")
     with pytest.raises(ValueError, match="use_cudnn=True needs a CUDA GPU"):
         jax_fused.lstm(x, lengths, weights, use_cudnn=True)
 
@@ -472,8 +476,53 @@ def test_cudnn_call(monkeypatch):
     np.testing.assert_array_equal(call["seq_lengths"], np.maximum(LENGTHS, 1))
     assert call["seq_lengths"].dtype == jnp.int32 and call["x"].dtype == jnp.float32
     assert np.all(np.isfinite(call["x"]))
-    assert call["precision"] == "highest" and call["bidirectional"] is True
+    assert call["bidirectional"] is True
     assert (call["input_size"], call["hidden_size"], call["num_layers"]) == (D, U, 1)
     np.testing.assert_array_equal(call["weights"], jax_fused.pack_weights(weights))
-    want = jax_fused.lstm(bad, LENGTHS, weights, initial, use_cudnn=False)
+    assert call["precision"] == jax.lax.Precision.HIGHEST
+    want = jax_fused.lstm(
+        bad, LENGTHS, weights, initial, use_cudnn=False, precision="float32"
+    )
     _assert_trees_close(got, want, atol=0, rtol=0)
+
+
+class _Fused(keras.layers.Layer):
+    """A minimal layer running its LSTM through `jax_fused.lstm`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = keras.layers.LSTM(U)
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+
+    def call(self, x, lengths):
+        weights = [jax_fused.cell_weights(self.inner)]
+        y, [[h, c]] = jax_fused.lstm(
+            x, lengths, weights, use_cudnn=False, precision="highest"
+        )
+        return y, h, c
+
+
+def test_gradients_reach_keras_variables():
+    """Called on a layer's own variables (`cell_weights`), the kernel's
+    gradients w.r.t. them, through `stateless_call`, are those of the same
+    call on their values."""
+    layer = _Fused()
+    layer.build((None, None, D))
+    layer.inner.cell.bias.assign(np.linspace(-1, 1, 4 * U).astype("float32"))
+    x = _data(0, B, T, D, LENGTHS)
+    wy, ws = _cotangents(1, B, T, U)
+    lengths = jnp.asarray(LENGTHS)
+
+    frozen = [v.value for v in layer.non_trainable_variables]
+
+    def fn(x, params):
+        (y, h, c), _ = layer.stateless_call(params, frozen, x, lengths=lengths)
+        return _loss(y, [[h, c]], wy, ws)
+
+    params = _params([layer])
+    dx, dparams = jax.jit(jax.grad(fn, argnums=(0, 1)))(x, params)
+    _, _, (want_dx, want_dparams, _) = _grads(_ours, x, params, None, LENGTHS, wy, ws)
+    _assert_trees_close((dx, dparams), (want_dx, want_dparams), atol=1e-6)
+    assert all(np.any(np.asarray(g) != 0) for g in dparams)

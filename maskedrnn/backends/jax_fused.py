@@ -100,6 +100,14 @@ def pack_weights(weights):
     return jnp.concatenate(matrices + biases)
 
 
+def cell_weights(inner):
+    """`(kernel, recurrent_kernel, bias)` of a built Keras `LSTM`, the Keras
+    variables themselves (so a layer's `stateless_call` and gradients see
+    them), for `lstm` and `pack_weights`."""
+    cell = inner.cell
+    return cell.kernel, cell.recurrent_kernel, cell.bias
+
+
 def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None):
     """A masked LSTM, one or both directions, in one cuDNN call.
 
@@ -121,9 +129,10 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
             None: cuDNN where `cudnn_present()`.
         precision: The matmul precision: None (JAX's
             `jax_default_matmul_precision`; cuDNN may then use TF32),
-            `"highest"` (float32, no TF32), `"high"`, or a
-            `jax.lax.Precision`. Passed to the cuDNN call; `lstm_ref` runs
-            under `jax.default_matmul_precision` of it.
+            `"highest"` (float32, no TF32), `"high"` (TF32), or a
+            `jax.lax.Precision` (not DEFAULT: cuDNN has no bfloat16
+            matmuls). Passed to the cuDNN call; `lstm_ref` runs under
+            `jax.default_matmul_precision` of it.
 
     Returns:
         `(outputs, states)`. `outputs`: `(batch, time, directions * units)`
@@ -187,6 +196,7 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
     valid = jnp.arange(time, dtype=jnp.int32)[None, :] < lengths[:, None]
     x = jnp.where(valid[..., None], _float32(x), 0.0)
     seq_lengths = jnp.maximum(lengths, 1)
+    precision = _precision(precision)
     kwargs = dict(
         input_size=features,
         hidden_size=units,
@@ -221,15 +231,38 @@ def _float32(value):
     return jnp.asarray(keras.ops.convert_to_tensor(value)).astype(jnp.float32)
 
 
-def _matmul_precision(precision):
-    """A `jax.default_matmul_precision` block for `precision` (None: none)."""
+def _precision(precision):
+    """`precision` as a `jax.lax.Precision` (None stays None).
+
+    Raises:
+        ValueError: for an unknown one, or DEFAULT (bfloat16 matmuls, which
+            the cuDNN call does not implement).
+    """
     if precision is None:
-        return contextlib.nullcontext()
+        return None
     if isinstance(precision, (tuple, list)):
         precision = precision[0]
-    if isinstance(precision, jax.lax.Precision):
-        precision = precision.name.lower()
-    return jax.default_matmul_precision(precision)
+    try:
+        precision = jax.lax.Precision(precision)
+    except ValueError:
+        raise ValueError(
+            "precision must be None, 'high', 'highest' or a jax.lax.Precision; "
+            f"got {precision!r}."
+        ) from None
+    if precision == jax.lax.Precision.DEFAULT:
+        raise ValueError(
+            "precision DEFAULT (bfloat16 matmuls) is not implemented by the "
+            "cuDNN LSTM; pass 'high' (TF32) or 'highest' (float32)."
+        )
+    return precision
+
+
+def _matmul_precision(precision):
+    """A `jax.default_matmul_precision` block for a `jax.lax.Precision`
+    (None: none)."""
+    if precision is None:
+        return contextlib.nullcontext()
+    return jax.default_matmul_precision(precision.name.lower())
 
 
 def cudnn_present():
