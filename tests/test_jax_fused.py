@@ -32,6 +32,11 @@ if keras.backend.backend() == "jax":
 
     from maskedrnn.backends import jax_fused
 
+
+def _cudnn():
+    return jax_fused.cudnn_present()
+
+
 B, T, D, U = 5, 7, 3, 4
 LENGTHS = np.array([7, 3, 0, 1, 5], "int32")
 
@@ -526,3 +531,29 @@ def test_gradients_reach_keras_variables():
     _, _, (want_dx, want_dparams, _) = _grads(_ours, x, params, None, LENGTHS, wy, ws)
     _assert_trees_close((dx, dparams), (want_dx, want_dparams), atol=1e-6)
     assert all(np.any(np.asarray(g) != 0) for g in dparams)
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() != "jax" or not _cudnn(),
+    reason="needs a CUDA GPU (jax.experimental.rnn.lstm runs cuDNN only)",
+)
+@pytest.mark.parametrize("directions", [2, 1], ids=["bidirectional", "forward"])
+def test_cudnn_matches_reference(directions):
+    """On a CUDA GPU: cuDNN's results and gradients equal JAX's reference's
+    (`highest` precision), rows of length 0 included."""
+    layers = _keras_layers(directions, D, U)
+    x = _data(0, B, T, D, LENGTHS)
+    initial = _initial(directions, B, U)
+    wy, ws = _cotangents(directions, B, T, U)
+    params = _params(layers)
+
+    def cudnn(x, params, initial, lengths, wy, ws):
+        weights = [tuple(params[3 * d : 3 * d + 3]) for d in range(directions)]
+        y, states = jax_fused.lstm(
+            x, lengths, weights, initial, use_cudnn=True, precision="highest"
+        )
+        return _loss(y, states, wy, ws), (y, states)
+
+    got = _grads(cudnn, x, params, initial, LENGTHS, wy, ws)
+    want = _grads(_ours, x, params, initial, LENGTHS, wy, ws)
+    _assert_trees_close(got, want, atol=1e-5, rtol=1e-4)
