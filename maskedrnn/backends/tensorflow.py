@@ -18,6 +18,9 @@ NAME = "tensorflow"
 WAYS = ("keras-unmasked", "keras-masked")
 
 layout = run_direction = keras_ways.no_caller_order_kernel
+FUSED_WAYS = ()
+run_fused = keras_ways.no_fused_kernel
+fused_why = keras_ways.fused_why
 
 
 def is_concrete(x):

@@ -40,6 +40,9 @@ from maskedrnn.backends.torch_kernels import (
 
 NAME = "torch"
 WAYS = ("torch-packed", "torch-unpacked", "keras-unmasked", "keras-masked")
+FUSED_WAYS = ()
+run_fused = keras_ways.no_fused_kernel
+fused_why = keras_ways.fused_why
 
 _SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
 _TANH = TANH
