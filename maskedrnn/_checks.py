@@ -267,8 +267,10 @@ def check_lengths_static(lengths, x):
 def check_lengths(lengths, x):
     """Checks `lengths` against `inputs` `x`; returns `(lengths, bad_rows)`.
 
-    `lengths` comes back as int32 `(batch,)`. Concrete values outside
-    `[0, time]` raise. In compiled code (values unknown) they cannot: then
+    `lengths` comes back as int32 `(batch,)`. Values readable on the host
+    (eager, in CPU memory: the backend's `host_readable`) outside
+    `[0, time]` raise. In compiled code (values unknown) they cannot, and
+    on an accelerator reading them would be a host sync each call: then
     `bad_rows` flags them for `poison_rows` and `lengths` is clamped;
     otherwise `bad_rows` is None.
     """
@@ -277,9 +279,11 @@ def check_lengths(lengths, x):
     # A batch size known only at run time: fail there, never broadcast.
     lengths = match_leading_dims(lengths, x, 1, "lengths")
     time = ops.shape(x)[1]
-    if not backends.current().is_concrete(lengths):
-        # Compiled code cannot raise on values: rows with a length outside
-        # [0, time] get NaN in every output and state (docs/errors.md).
+    if not backends.current().host_readable(lengths):
+        # Compiled code cannot raise on values, and eager code on an
+        # accelerator would wait for the device to read them: rows with a
+        # length outside [0, time] get NaN in every output and state
+        # (docs/errors.md).
         return clamp_lengths(lengths, time), invalid_lengths(lengths, time)
     values = ops.convert_to_numpy(lengths)
     if values.size and values.min() < 0:

@@ -22,8 +22,10 @@ Each backend module answers:
   below; a backend without one has `FUSED_WAYS = ()` and a `run_fused` that
   declines), and `fused_why(inners)`: None when the directions can share
   one call, else a hard `Why` (e.g. two directions of different sizes);
-- `is_concrete`, `invert_permutation`, `take_rows`, `has_fused_rnn_kernel`:
-  the backend-specific pieces of the checks and ops.
+- `is_concrete`, `host_readable`, `invert_permutation`, `take_rows`,
+  `has_fused_rnn_kernel`: the backend-specific pieces of the checks and
+  ops (`host_readable`: values readable on the host with no device sync,
+  so the lengths check may raise instead of poisoning bad rows).
 
 The ways, by name (`WAYS`):
 

@@ -32,6 +32,12 @@ def is_concrete(x):
     return not isinstance(x, jax.core.Tracer)
 
 
+def host_readable(x):
+    """True when `x`'s values can be read on the host now (`is_concrete`;
+    the lengths check reads them there)."""
+    return is_concrete(x)
+
+
 def invert_permutation(perm):
     """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
     tensor of permutations: a scatter (cheaper than an argsort on JAX)."""
