@@ -85,6 +85,11 @@ def _targets():
         # Both call PyTorch's kernels; one label for both.
         for name in ("run_native", "run_direction"):
             targets.append((torch_backend, name, "torch native kernel", False, False))
+        from maskedrnn.backends import torch_fused
+
+        # The one-call way: torch._VF.lstm/gru (cuDNN on CUDA tensors).
+        label = "torch one-call kernel (torch._VF)"
+        targets.append((torch_fused, "run", label, False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 
