@@ -127,8 +127,9 @@ def invalid_lengths(lengths, time):
     [False, True, True, False]
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    time = ops.cast(time, "int32")
-    return ops.logical_or(lengths < 0, lengths > time)
+    time = backends.current().scalar(time, "int32")
+    zero = backends.current().scalar(0, "int32")
+    return ops.logical_or(lengths < zero, lengths > time)
 
 
 def clamp_lengths(lengths, time):
@@ -147,7 +148,9 @@ def clamp_lengths(lengths, time):
     [3, 0, 5]
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    return ops.minimum(ops.maximum(lengths, 0), ops.cast(time, "int32"))
+    backend = backends.current()
+    zero, time = backend.scalar(0, "int32"), backend.scalar(time, "int32")
+    return ops.minimum(ops.maximum(lengths, zero), time)
 
 
 def poison_rows(tensors, bad):
@@ -186,8 +189,8 @@ def poison_rows(tensors, bad):
     # NaN row is NaN); multiplying x by 0 instead would give 0 * NaN = NaN
     # and turn the layer's weights into NaN. tf2onnx keeps both selects (a
     # full-size select against a NaN tensor came out all NaN in ONNX).
-    nan = ops.convert_to_tensor(float("nan"), dtype=x.dtype)
-    zero = ops.convert_to_tensor(0.0, dtype=x.dtype)
+    nan = backends.current().scalar(float("nan"), x.dtype)
+    zero = backends.current().scalar(0.0, x.dtype)
     return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)
 
 

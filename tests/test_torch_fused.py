@@ -407,8 +407,11 @@ _SYNCS = ("item", "tolist", "nonzero", "numpy", "cpu", "__bool__", "__int__")
 
 @pytest.fixture
 def no_host_sync(monkeypatch):
-    """Makes the tensor calls that wait on a device raise while `arm()`ed
-    (on a CPU they would not sync, so their absence is what is checked)."""
+    """Makes the calls that wait on a device raise while `arm()`ed (on a
+    CPU they would not wait, so their absence is what is checked): the
+    tensor methods that read values on the host, and a tensor made from
+    host data (`torch.tensor` / `torch.as_tensor` of a Python number or
+    array: on CUDA a blocking host-to-device copy)."""
     armed = []
     for name in _SYNCS:
         original = getattr(torch.Tensor, name)
@@ -419,26 +422,37 @@ def no_host_sync(monkeypatch):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, raising)
+    for name in ("tensor", "as_tensor"):
+        original = getattr(torch, name)
+
+        def copying(data, *args, _name=name, _original=original, **kwargs):
+            if armed and not isinstance(data, torch.Tensor):
+                raise AssertionError(f"host copy: torch.{_name}({data!r}) in the call")
+            return _original(data, *args, **kwargs)
+
+        monkeypatch.setattr(torch, name, copying)
     # Lengths on an accelerator are checked on the device.
     monkeypatch.setattr(torch_backend, "HOST_DEVICE_TYPES", ())
     return armed
 
 
-@pytest.mark.parametrize("call", ["mask", "lengths", "lengths_rnn"])
+@pytest.mark.parametrize("return_sequences", [True, False])
+@pytest.mark.parametrize("call", ["mask", "lengths", "lengths_rnn", "none"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_the_call_makes_no_host_sync(kind, call, no_host_sync):
-    """The whole layer call on the fused route, with gradients recorded and
-    final states, calls none of `.item()`, `.tolist()`, `nonzero()`,
-    `.numpy()`, `.cpu()`, `bool()`, `int()` on a tensor."""
+def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync):
+    """The whole layer call on the fused route (lengths checked on the
+    device, bad rows poisoned there), with gradients recorded and final
+    states, calls none of `.item()`, `.tolist()`, `nonzero()`, `.numpy()`,
+    `.cpu()`, `bool()`, `int()` on a tensor and makes no tensor from host
+    data."""
     cls = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
-    inner = cls(U, return_sequences=True, return_state=True)
+    inner = cls(U, return_sequences=return_sequences, return_state=True)
     layer = MaskedRNN(inner) if call == "lengths_rnn" else MaskedBidirectional(inner)
     x = torch.tensor(_x(), requires_grad=True)
-    kwargs = (
-        dict(mask=torch.tensor(MASKS["holes"]))
-        if call == "mask"
-        else dict(lengths=torch.tensor(LENGTHS))
-    )
+    kwargs = {
+        "mask": dict(mask=torch.tensor(MASKS["holes"])),
+        "none": {},
+    }.get(call, dict(lengths=torch.tensor(LENGTHS)))
     layer(x, **kwargs)  # built outside the armed block
     with backends.force("torch-fused"):
         no_host_sync.append(True)
@@ -460,6 +474,9 @@ def test_the_sync_check_catches_the_caller_order_kernels(no_host_sync):
         no_host_sync.append(True)
         with pytest.raises(AssertionError, match="host sync"):
             layer(x, mask=mask)
+        # and Keras' conversion of a Python number to a device tensor
+        with pytest.raises(AssertionError, match="host copy"):
+            keras.ops.maximum(x, 0.0)
         no_host_sync.clear()
 
 

@@ -22,10 +22,12 @@ Each backend module answers:
   below; a backend without one has `FUSED_WAYS = ()` and a `run_fused` that
   declines), and `fused_why(inners)`: None when the directions can share
   one call, else a hard `Why` (e.g. two directions of different sizes);
-- `is_concrete`, `host_readable`, `invert_permutation`, `take_rows`,
-  `has_fused_rnn_kernel`: the backend-specific pieces of the checks and
-  ops (`host_readable`: values readable on the host with no device sync,
-  so the lengths check may raise instead of poisoning bad rows).
+- `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
+  `take_rows`, `has_fused_rnn_kernel`: the backend-specific pieces of the
+  checks and ops (`host_readable`: values readable on the host with no
+  device sync, so the lengths check may raise instead of poisoning bad
+  rows; `scalar(value, dtype)`: a 0-d tensor of a Python number made with
+  no host-to-device copy where that copy would wait on the device).
 
 The ways, by name (`WAYS`):
 

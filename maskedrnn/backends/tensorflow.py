@@ -39,6 +39,12 @@ def host_readable(x):
     return is_concrete(x)
 
 
+def scalar(value, dtype):
+    """A 0-d tensor of `value` (a Python number or a scalar tensor) in
+    `dtype` (`keras.ops.cast`)."""
+    return ops.cast(value, dtype)
+
+
 def invert_permutation(perm):
     """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
     tensor of permutations: an argsort (cheaper than a scatter here)."""

@@ -78,6 +78,19 @@ def host_readable(x):
 HOST_DEVICE_TYPES = ("cpu",)
 
 
+def scalar(value, dtype):
+    """A 0-d tensor of `value` (a Python number, or a scalar tensor) in
+    `dtype`, on Keras' device, made by a fill: Keras' conversion of a Python
+    number (`torch.as_tensor(value, device=...)`) copies it from the host,
+    which on CUDA waits for every queued kernel first."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    if isinstance(value, torch.Tensor):
+        return value.to(getattr(torch, dtype))
+    from keras.src.backend.torch.core import get_device
+
+    return torch.full((), value, dtype=getattr(torch, dtype), device=get_device())
+
+
 def invert_permutation(perm):
     """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
     tensor of permutations: an argsort (Keras' torch `scatter` is slow)."""

@@ -197,7 +197,8 @@ def in_place(y, steps):
 def gather_or_zero(y, index, keep):
     """`gather_time(y, index)` where `keep` is True, zeros elsewhere: the
     positions not kept read the appended zero step (`with_zero_step`)."""
-    index = ops.where(keep, index, ops.cast(ops.shape(y)[1], "int32"))
+    time = backends.current().scalar(ops.shape(y)[1], "int32")
+    index = ops.where(keep, index, time)
     return mops.gather_time(with_zero_step(y), index)
 
 
