@@ -52,6 +52,10 @@ order), `"fused"` (every direction's way is one of the backend's
 directions) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
 direction`, one `run` per direction; a one-call way runs there, one
 direction per call, when the route cannot be `"fused"`).
+`kernel_info()` and `uses_fast_path` are read from a plan too.
+`force(way)` makes every plan in its block take `way` (for tests and
+comparisons; a way the backend cannot run here raises `Declined`);
+`record()` collects the plans made in its block (what a model ran).
 
 The one-call interface, `run_fused(way, inners, x, steps, initial_states,
 training, want_states)` (backend-neutral: Keras weights in, outputs and
@@ -83,10 +87,7 @@ the last valid step the direction reads (the forward's after step
 `lengths[b] - 1`, the backward's after step 0; the initial state for a row
 with no valid step), `[h, c]` for an LSTM, `[h]` for a GRU; each list is
 `[]` when `want_states` is False. The layers place the outputs back with
-one gather. `kernel_info()` and `uses_fast_path` are read from a plan too.
-`force(way)` makes every plan in its block take `way` (for tests and
-comparisons; a way the backend cannot run here raises `Declined`);
-`record()` collects the plans made in its block (what a model ran).
+one gather.
 """
 
 import contextlib
