@@ -437,7 +437,9 @@ def no_host_sync(monkeypatch):
 
 
 @pytest.mark.parametrize("return_sequences", [True, False])
-@pytest.mark.parametrize("call", ["mask", "lengths", "lengths_rnn", "none"])
+@pytest.mark.parametrize(
+    "call", ["mask", "float_mask", "lengths", "lengths_rnn", "none"]
+)
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync):
     """The whole layer call on the fused route (lengths checked on the
@@ -451,6 +453,7 @@ def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync)
     x = torch.tensor(_x(), requires_grad=True)
     kwargs = {
         "mask": dict(mask=torch.tensor(MASKS["holes"])),
+        "float_mask": dict(mask=torch.tensor(MASKS["holes"], dtype=torch.float32)),
         "none": {},
     }.get(call, dict(lengths=torch.tensor(LENGTHS)))
     layer(x, **kwargs)  # built outside the armed block
