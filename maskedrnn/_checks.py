@@ -127,8 +127,9 @@ def invalid_lengths(lengths, time):
     [False, True, True, False]
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    time = ops.cast(time, "int32")
-    return ops.logical_or(lengths < 0, lengths > time)
+    time = backends.current().scalar(time, "int32")
+    zero = backends.current().scalar(0, "int32")
+    return ops.logical_or(lengths < zero, lengths > time)
 
 
 def clamp_lengths(lengths, time):
@@ -147,7 +148,9 @@ def clamp_lengths(lengths, time):
     [3, 0, 5]
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    return ops.minimum(ops.maximum(lengths, 0), ops.cast(time, "int32"))
+    backend = backends.current()
+    zero, time = backend.scalar(0, "int32"), backend.scalar(time, "int32")
+    return ops.minimum(ops.maximum(lengths, zero), time)
 
 
 def poison_rows(tensors, bad):
@@ -186,8 +189,8 @@ def poison_rows(tensors, bad):
     # NaN row is NaN); multiplying x by 0 instead would give 0 * NaN = NaN
     # and turn the layer's weights into NaN. tf2onnx keeps both selects (a
     # full-size select against a NaN tensor came out all NaN in ONNX).
-    nan = ops.convert_to_tensor(float("nan"), dtype=x.dtype)
-    zero = ops.convert_to_tensor(0.0, dtype=x.dtype)
+    nan = backends.current().scalar(float("nan"), x.dtype)
+    zero = backends.current().scalar(0.0, x.dtype)
     return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)
 
 
@@ -267,8 +270,10 @@ def check_lengths_static(lengths, x):
 def check_lengths(lengths, x):
     """Checks `lengths` against `inputs` `x`; returns `(lengths, bad_rows)`.
 
-    `lengths` comes back as int32 `(batch,)`. Concrete values outside
-    `[0, time]` raise. In compiled code (values unknown) they cannot: then
+    `lengths` comes back as int32 `(batch,)`. Values readable on the host
+    (eager, in CPU memory: the backend's `host_readable`) outside
+    `[0, time]` raise. In compiled code (values unknown) they cannot, and
+    on an accelerator reading them would be a host sync each call: then
     `bad_rows` flags them for `poison_rows` and `lengths` is clamped;
     otherwise `bad_rows` is None.
     """
@@ -277,9 +282,11 @@ def check_lengths(lengths, x):
     # A batch size known only at run time: fail there, never broadcast.
     lengths = match_leading_dims(lengths, x, 1, "lengths")
     time = ops.shape(x)[1]
-    if not backends.current().is_concrete(lengths):
-        # Compiled code cannot raise on values: rows with a length outside
-        # [0, time] get NaN in every output and state (docs/errors.md).
+    if not backends.current().host_readable(lengths):
+        # Compiled code cannot raise on values, and eager code on an
+        # accelerator would wait for the device to read them: rows with a
+        # length outside [0, time] get NaN in every output and state
+        # (docs/errors.md).
         return clamp_lengths(lengths, time), invalid_lengths(lengths, time)
     values = ops.convert_to_numpy(lengths)
     if values.size and values.min() < 0:

@@ -39,7 +39,9 @@ def as_bool(mask):
     """
     mask = ops.convert_to_tensor(mask)
     if keras.backend.standardize_dtype(mask.dtype) != "bool":
-        mask = ops.not_equal(mask, 0)
+        # Against zeros of its own, not a Python 0: no scalar copied to the
+        # device (on CUDA such a copy waits for the queued kernels).
+        mask = ops.not_equal(mask, ops.zeros_like(mask))
     return mask
 
 

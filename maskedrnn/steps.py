@@ -131,7 +131,8 @@ class Steps:
             return self._mask_lengths
         if self._ranked:
             return self._valid_ranks[2]
-        return ops.full((self._batch,), self.time, dtype="int32")
+        time = _backend().scalar(self.time, "int32")
+        return ops.zeros((self._batch,), dtype="int32") + time
 
     @property
     def known_lengths(self):
@@ -167,7 +168,7 @@ class Steps:
 
     @functools.cached_property
     def last(self):
-        return ops.maximum(self.lengths - 1, 0)
+        return ops.maximum(self.lengths - 1, _backend().scalar(0, "int32"))
 
     @functools.cached_property
     def reverse(self):
@@ -187,7 +188,11 @@ class Steps:
         return flipped
 
 
-def _backend_invert(inverse):
+def _backend():
     from maskedrnn import backends
 
-    return backends.current().invert_permutation(inverse)
+    return backends.current()
+
+
+def _backend_invert(inverse):
+    return _backend().invert_permutation(inverse)

@@ -236,6 +236,23 @@ def spy_native_kernels(monkeypatch):
     return calls
 
 
+def spy_fused_kernels(monkeypatch):
+    """Records the list of inner layers of every one-call kernel call
+    (`maskedrnn.backends.torch_fused.run`: every direction of a call in one
+    `torch._VF` call); returns the list of those lists (torch only)."""
+    from maskedrnn.backends import torch_fused
+
+    calls = []
+    original = torch_fused.run
+
+    def spy(inners, *args, **kwargs):
+        calls.append(list(inners))
+        return original(inners, *args, **kwargs)
+
+    monkeypatch.setattr(torch_fused, "run", spy)
+    return calls
+
+
 def save_and_load(model):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.keras")

@@ -218,9 +218,8 @@ def test_records_which_kernels_each_implementation_ran(lstm_run):
             if BACKEND == "torch" and not GPU:
                 assert row["kernels"] == "torch native kernel computed x2"
             elif BACKEND == "torch":
-                assert "backend.lstm computed, no mask x2" in row["kernels"]
-                assert "torch cuDNN _cudnn_lstm computed x2" in row["kernels"]
-                assert "_fallback_lstm" not in row["kernels"]
+                # Both directions in one call of the one-call way (cuDNN).
+                assert row["kernels"] == "torch one-call kernel (torch._VF) computed x1"
             else:
                 assert "backend.lstm" in row["kernels"] and "no mask" in row["kernels"]
             assert row["cudnn"] == ("computed" if GPU_CUDNN else "not called"), row
@@ -785,3 +784,21 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     runs = json.loads(out.read_text())
     assert [r["jax-rnn-gru"]["order_seed"] for r in runs["rounds"]] == [0, 0, 0]
     assert calls.read_text().splitlines()[3:] == [lines[0]] * 3
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a torch way")
+def test_way_option_times_ours_under_the_forced_way(tmp_path):
+    """`--way torch-fused`: ours runs the one-call kernel (the kernel spies
+    say so), still matches Keras' masked layer, and the JSON records it."""
+    path = tmp_path / "r.json"
+    impl = ["--impl", "maskedrnn", "keras_masked", "--mode", "train"]
+    results = bench.main(
+        TINY + QUICK + impl + ["--way", "torch-fused", "--json", str(path)]
+    )
+    ours = [r for r in results["rows"] if r["impl"] == "maskedrnn"][0]
+    assert ours["kernels"] == "torch one-call kernel (torch._VF) computed x1"
+    assert ours["max_abs_diff"] < 1e-5
+    with open(path) as f:
+        assert json.load(f)["config"]["way"] == "torch-fused"
+    with pytest.raises(SystemExit, match="--way torch-fast"):
+        bench.main(TINY + QUICK + impl + ["--way", "torch-fast"])

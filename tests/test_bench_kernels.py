@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import pytest
 
-from maskedrnn import MaskedBidirectional, bench
+from maskedrnn import MaskedBidirectional, backends, bench
 from maskedrnn._keras_private import keras_backend_rnn
 from maskedrnn.bench import kernels
 from tests.helpers import to_np
@@ -200,11 +200,10 @@ def test_torch_spy_sees_the_fused_bidirectional_call(
 
 
 @needs_torch_cpu
-def test_torch_spy_sees_ours_reach_cudnn_without_a_mask(
-    fake_cuda, cudnn_weights_stay_on_cpu
-):
-    """On CUDA ours leaves each direction to Keras' unmasked LSTM, which
-    calls cuDNN: two `_cudnn_lstm` calls, no mask anywhere, no fallback."""
+def test_torch_spy_sees_ours_reach_cudnn_in_one_call(fake_cuda):
+    """On CUDA ours runs both directions in one call of the one-call way
+    (`torch._VF.lstm`, cuDNN there): one record, cuDNN computed, no Keras
+    RNN function and no mask anywhere."""
     ours = MaskedBidirectional(keras.layers.LSTM(U, return_sequences=True))
     ref = keras.layers.Bidirectional(
         keras.layers.LSTM(U, return_sequences=True, use_cudnn=False)
@@ -215,6 +214,29 @@ def test_torch_spy_sees_ours_reach_cudnn_without_a_mask(
     x = inputs(4)
     mask = np.arange(T)[None, :] >= T - np.array([5, 3, 1])[:, None]  # pre-padded
     out, calls = calls_of(lambda: ours(fake_cuda(x), mask=fake_cuda(mask)))
+    assert functions(calls) == [("torch one-call kernel (torch._VF)", "computed")]
+    assert kernels.cudnn_verdict(calls) == "computed"
+    np.testing.assert_allclose(to_np(out), to_np(ref(x, mask=mask)), atol=1e-5)
+
+
+@needs_torch_cpu
+def test_torch_spy_sees_ours_unmasked_reach_cudnn_without_a_mask(
+    fake_cuda, cudnn_weights_stay_on_cpu
+):
+    """Forced to Keras' unmasked layer on CUDA, ours leaves each direction
+    to Keras' unmasked LSTM, which calls cuDNN: two `_cudnn_lstm` calls, no
+    mask anywhere, no fallback."""
+    ours = MaskedBidirectional(keras.layers.LSTM(U, return_sequences=True))
+    ref = keras.layers.Bidirectional(
+        keras.layers.LSTM(U, return_sequences=True, use_cudnn=False)
+    )
+    for layer in (ours, ref):
+        layer.build((None, None, D))
+    ref.set_weights(ours.get_weights())
+    x = inputs(4)
+    mask = np.arange(T)[None, :] >= T - np.array([5, 3, 1])[:, None]  # pre-padded
+    with backends.force("keras-unmasked"):
+        out, calls = calls_of(lambda: ours(fake_cuda(x), mask=fake_cuda(mask)))
     assert ("torch cuDNN _cudnn_lstm", "computed") in functions(calls)
     assert [c["function"] for c in calls].count("torch cuDNN _cudnn_lstm") == 2
     assert not any("fallback" in c["function"] for c in calls)

@@ -54,6 +54,15 @@ def _spy_native(monkeypatch):
     return spy_native_kernels(monkeypatch)
 
 
+def _spy_fused(monkeypatch):
+    """Lists of inner layers handed to a one-call kernel (torch only)."""
+    if BACKEND != "torch":
+        return []
+    from tests.helpers import spy_fused_kernels
+
+    return spy_fused_kernels(monkeypatch)
+
+
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("return_state", [False, True])
@@ -69,21 +78,26 @@ def test_kernel_info_says_what_ran(
     )
     seen = spy_masks(_inners(ours))
     native = _spy_native(monkeypatch)
+    fused = _spy_fused(monkeypatch)
     x, mask = _inputs()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     info = ours.kernel_info()
     sentences = list(info.values())
     assert len(sentences) == len(_inners(ours))
     if all("PyTorch's native" in s for s in sentences):
-        assert seen == [] and native == _inners(ours)
+        assert seen == [] and native == _inners(ours) and fused == []
+        assert ours.uses_fast_path
+    elif all("PyTorch's fused" in s for s in sentences):
+        # Every direction in one kernel call.
+        assert seen == [] and native == [] and fused == [_inners(ours)]
         assert ours.uses_fast_path
     elif all("masked step loop" in s for s in sentences):
-        assert native == [] and len(seen) == len(sentences)
+        assert native == [] and fused == [] and len(seen) == len(sentences)
         assert all(m is not None for m in seen)
         assert not ours.uses_fast_path
     else:
         assert all("unmasked" in s for s in sentences), sentences
-        assert native == [] and seen == [None] * len(sentences)
+        assert native == [] and fused == [] and seen == [None] * len(sentences)
         assert ours.uses_fast_path
     if way != "default":
         forced = f"forced by maskedrnn.backends.force('{way}')"

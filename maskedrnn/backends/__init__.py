@@ -17,8 +17,17 @@ Each backend module answers:
   that way on valid-first data (`maskedrnn.steps.Steps`);
 - `layout(steps)` and `run_direction(...)`: the caller's-order kernels (both
   directions of a batch from one layout; torch only, the others decline);
-- `is_concrete`, `invert_permutation`, `take_rows`, `has_fused_rnn_kernel`:
-  the backend-specific pieces of the checks and ops.
+- `FUSED_WAYS` and `run_fused(...)`: its one-call ways, which run every
+  direction of a call in one kernel call (the plan's `"fused"` route, see
+  below; a backend without one has `FUSED_WAYS = ()` and a `run_fused` that
+  declines), and `fused_why(inners)`: None when the directions can share
+  one call, else a hard `Why` (e.g. two directions of different sizes);
+- `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
+  `take_rows`, `has_fused_rnn_kernel`: the backend-specific pieces of the
+  checks and ops (`host_readable`: values readable on the host with no
+  device sync, so the lengths check may raise instead of poisoning bad
+  rows; `scalar(value, dtype)`: a 0-d tensor of a Python number made with
+  no host-to-device copy where that copy would wait on the device).
 
 The ways, by name (`WAYS`):
 
@@ -26,6 +35,10 @@ The ways, by name (`WAYS`):
   (torch on CPU, no gradient recorded);
 - `"torch-unpacked"`: PyTorch's unpacked kernel over zero-padded
   valid-first data (torch on CPU);
+- `"torch-fused"`: both directions of a call in one `torch._VF.lstm` /
+  `torch._VF.gru` call over valid-first data, its padded steps made to hold
+  the state (LSTM and GRU; the default on CUDA, forceable on a CPU, whose
+  kernels compute cuDNN's equations);
 - `"keras-unmasked"`: the Keras inner layer called with no mask on
   valid-first data, so its backend may pick a fused kernel (cuDNN);
 - `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
@@ -34,11 +47,47 @@ The ways, by name (`WAYS`):
 A call computes one `Plan` (`plan()`): the way of each direction and the
 route of the call, `"torch"` (PyTorch's kernels straight from the caller's
 order), `"masked_loop"` (the mask handed to Keras' loop on the caller's
-order) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
-direction`). `kernel_info()` and `uses_fast_path` are read from a plan too.
+order), `"fused"` (every direction's way is one of the backend's
+`FUSED_WAYS`, no input dropout active: one `run_fused` call for all
+directions) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
+direction`, one `run` per direction; a one-call way runs there, one
+direction per call, when the route cannot be `"fused"`).
+`kernel_info()` and `uses_fast_path` are read from a plan too.
 `force(way)` makes every plan in its block take `way` (for tests and
 comparisons; a way the backend cannot run here raises `Declined`);
 `record()` collects the plans made in its block (what a model ran).
+
+The one-call interface, `run_fused(way, inners, x, steps, initial_states,
+training, want_states)` (backend-neutral: Keras weights in, outputs and
+states out):
+
+- `way`: the one-call way (every direction's);
+- `inners`: list of the built inner RNNs, `[forward]` (one direction,
+  reading `x` forward: `MaskedRNN`, whose `go_backwards` the layer has
+  applied to `x` already) or `[forward, backward]` (`MaskedBidirectional`:
+  the second reads each row's valid steps last to first, by the row's own
+  length);
+- `x`: float `(batch, time, features)`, valid-first (`Steps.order` applied
+  once by the layer), zeros at every padded position;
+- `steps`: the batch's `maskedrnn.steps.Steps` (`lengths`, `valid`, ...);
+- `initial_states`: list, one entry per inner: its list of `(batch,
+  units)` initial states, or None for zeros;
+- `training`: the call's `training` (input dropout never reaches this
+  route: the plan takes `"valid_first"` then);
+- `want_states`: bool, whether the final states are returned.
+
+It returns `(outputs, states)`. `outputs`: `(batch, time, sum of units)`,
+the directions' outputs concatenated on the last axis in `inners` order,
+each aligned to valid-first positions: position `k < lengths[b]` holds the
+direction's output after it read valid step `k` (the backward direction's
+after reading steps `lengths[b] - 1` down to `k`); positions `k >=
+lengths[b]` hold unspecified finite values that callers never read (their
+gradient is zero). `states`: one list per inner, the exact states after
+the last valid step the direction reads (the forward's after step
+`lengths[b] - 1`, the backward's after step 0; the initial state for a row
+with no valid step), `[h, c]` for an LSTM, `[h]` for a GRU; each list is
+`[]` when `want_states` is False. The layers place the outputs back with
+one gather.
 """
 
 import contextlib
@@ -47,8 +96,16 @@ import importlib
 
 import keras
 
-WAYS = ("torch-packed", "torch-unpacked", "keras-unmasked", "keras-masked")
-ROUTES = ("torch", "masked_loop", "valid_first")
+WAYS = (
+    "torch-packed",
+    "torch-unpacked",
+    "torch-fused",
+    "keras-unmasked",
+    "keras-masked",
+)
+ROUTES = ("torch", "masked_loop", "fused", "valid_first")
+# PyTorch's caller's-order ways (the plan's "torch" route).
+_CALLER_ORDER_WAYS = ("torch-packed", "torch-unpacked")
 
 _KNOWN = ("tensorflow", "jax", "torch")
 _FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
@@ -189,8 +246,16 @@ class Direction:
 
     @property
     def torch(self):
-        """True when the way is one of PyTorch's kernels."""
-        return self.way.startswith("torch")
+        """True when the way is one of PyTorch's caller's-order kernels
+        (`"torch-packed"`, `"torch-unpacked"`: the plan's `"torch"`
+        route)."""
+        return self.way in _CALLER_ORDER_WAYS
+
+    @property
+    def fused(self):
+        """True when the way is one of the backend's one-call ways
+        (`FUSED_WAYS`: the plan's `"fused"` route)."""
+        return self.way in current().FUSED_WAYS
 
     def reason(self):
         """The sentence `kernel_info()` reports: what runs, and why."""
@@ -205,8 +270,8 @@ class Plan:
 
     Attributes:
         directions: Tuple of `Direction`, one per inner RNN.
-        route: `"torch"`, `"masked_loop"` or `"valid_first"` (see the
-            module docstring).
+        route: `"torch"`, `"masked_loop"`, `"fused"` or `"valid_first"`
+            (see the module docstring).
     """
 
     __slots__ = ("directions", "route")
@@ -254,10 +319,11 @@ def plan(inners, where, want_states, masked=True, training=None):
             for the default device.
         want_states: Bool, whether the caller returns the final states.
         masked: Bool, whether the call has a mask or lengths (else every
-            step is valid and the route is `"valid_first"`). Defaults to
-            `True`.
+            step is valid and the route is `"fused"` or `"valid_first"`).
+            Defaults to `True`.
         training: The call's `training` (input dropout while training runs
-            PyTorch's kernels on valid-first data, where it is applied).
+            PyTorch's kernels, and the one-call ways one direction per call,
+            on valid-first data, where it is applied).
 
     Returns:
         A `Plan`.
@@ -265,18 +331,28 @@ def plan(inners, where, want_states, masked=True, training=None):
     backend = current()
     way = _FORCED.get()
     directions = []
+    joint = backend.fused_why(list(inners.values())) if backend.FUSED_WAYS else None
     for key, inner in inners.items():
         options = backend.options(inner, where, want_states)
+        if joint is not None:
+            # The directions cannot share one call: its ways are declined.
+            options = [
+                (option, joint if option in backend.FUSED_WAYS else why)
+                for option, why in options
+            ]
         chosen = _choose(options, way)
         directions.append(
             Direction(key, inner, chosen, options, want_states, way is not None)
         )
     directions = tuple(directions)
     route = "valid_first"
-    if masked:
-        if all(d.torch for d in directions) and not (
-            training and any(d.inner.cell.dropout for d in directions)
-        ):
+    dropout = training and any(
+        getattr(d.inner.cell, "dropout", 0) for d in directions
+    )
+    if all(d.fused for d in directions) and not dropout:
+        route = "fused"
+    elif masked:
+        if all(d.torch for d in directions) and not dropout:
             route = "torch"
         elif all(d.way == "keras-masked" for d in directions):
             route = "masked_loop"

@@ -155,3 +155,18 @@ def no_caller_order_kernel(*args, **kwargs):
         f"the {keras.backend.backend()} backend has no caller's-order kernel "
         "(only torch's ways run both directions from the caller's order)"
     )
+
+
+def no_fused_kernel(*args, **kwargs):
+    """`run_fused` of a backend without one-call ways (`FUSED_WAYS = ()`):
+    its plans never take the `"fused"` route."""
+    raise NotImplementedError(
+        f"the {keras.backend.backend()} backend has no one-call way (no "
+        "kernel here runs every direction of a call at once)"
+    )
+
+
+def fused_why(inners):
+    """`fused_why` of a backend without one-call ways: None (nothing to
+    decline)."""
+    return None

@@ -18,6 +18,9 @@ NAME = "tensorflow"
 WAYS = ("keras-unmasked", "keras-masked")
 
 layout = run_direction = keras_ways.no_caller_order_kernel
+FUSED_WAYS = ()
+run_fused = keras_ways.no_fused_kernel
+fused_why = keras_ways.fused_why
 
 
 def is_concrete(x):
@@ -28,6 +31,18 @@ def is_concrete(x):
         and not isinstance(x, tf.Variable)
         and hasattr(x, "numpy")
     )
+
+
+def host_readable(x):
+    """True when `x`'s values can be read on the host now (`is_concrete`;
+    the lengths check reads them there)."""
+    return is_concrete(x)
+
+
+def scalar(value, dtype):
+    """A 0-d tensor of `value` (a Python number or a scalar tensor) in
+    `dtype` (`keras.ops.cast`)."""
+    return ops.cast(value, dtype)
 
 
 def invert_permutation(perm):

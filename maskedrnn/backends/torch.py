@@ -1,4 +1,4 @@
-"""The torch backend: PyTorch's own RNN kernels on a CPU, Keras' layers elsewhere.
+"""The torch backend: PyTorch's own RNN kernels, on a CPU and in one call on CUDA.
 
 Keras' torch backend hands an unmasked `LSTM`/`GRU` to PyTorch's fused
 kernel (cuDNN) on CUDA only; on a CPU it steps through time in Python, one
@@ -15,6 +15,12 @@ the caller's order in one torch call per direction (`layout`,
 `run_direction`, the plan's `"torch"` route); `run` serves valid-first
 callers.
 
+On CUDA an LSTM or GRU runs every direction of a call in one
+`torch._VF.lstm` / `gru` call over the valid-first data (`"torch-fused"`,
+`maskedrnn.backends.torch_fused`: cuDNN, both directions at once, the
+padded steps made to hold the state); forced, the same call runs on a CPU.
+Other layers on CUDA run Keras' unmasked inner layer.
+
 Nothing is tried and caught: `unavailable_reason` checks every condition up
 front and says in words why a layer cannot use these kernels; it then runs
 Keras' inner layer as on the other backends (exact as well, slower on a
@@ -25,7 +31,7 @@ import keras
 import torch
 from keras import ops
 
-from maskedrnn.backends import Why, keras_ways, soft
+from maskedrnn.backends import Why, keras_ways, soft, torch_fused
 from maskedrnn.backends.torch_direction import Layout, _direction
 from maskedrnn.backends.torch_direction import run_direction as _run_direction
 from maskedrnn.backends.torch_kernels import (
@@ -39,7 +45,14 @@ from maskedrnn.backends.torch_kernels import (
 )
 
 NAME = "torch"
-WAYS = ("torch-packed", "torch-unpacked", "keras-unmasked", "keras-masked")
+WAYS = (
+    "torch-packed",
+    "torch-unpacked",
+    "torch-fused",
+    "keras-unmasked",
+    "keras-masked",
+)
+FUSED_WAYS = ("torch-fused",)
 
 _SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
 _TANH = TANH
@@ -51,6 +64,31 @@ def is_concrete(x):
     tracing."""
     compiling = getattr(torch.compiler, "is_compiling", lambda: False)
     return not compiling() and not getattr(x, "_is_symbolic", False)
+
+
+def host_readable(x):
+    """True when `x`'s values can be read on the host with no device sync:
+    concrete (`is_concrete`) and in CPU memory. Lengths on CUDA are checked
+    on the device instead (`maskedrnn._checks.check_lengths`: bad rows
+    come out NaN)."""
+    return is_concrete(x) and _device_type(x) in HOST_DEVICE_TYPES
+
+
+# Device types whose tensors `host_readable` reads on the host.
+HOST_DEVICE_TYPES = ("cpu",)
+
+
+def scalar(value, dtype):
+    """A 0-d tensor of `value` (a Python number, or a scalar tensor) in
+    `dtype`, on Keras' device, made by a fill: Keras' conversion of a Python
+    number (`torch.as_tensor(value, device=...)`) copies it from the host,
+    which on CUDA waits for every queued kernel first."""
+    dtype = keras.backend.standardize_dtype(dtype)
+    if isinstance(value, torch.Tensor):
+        return value.to(getattr(torch, dtype))
+    from keras.src.backend.torch.core import get_device
+
+    return torch.full((), value, dtype=getattr(torch, dtype), device=get_device())
 
 
 def invert_permutation(perm):
@@ -107,25 +145,15 @@ def _unavailable(inner, where):
     device_type = _device_type(where)
     if device_type == "cuda":
         return lambda: (
-            "on CUDA, Keras' backend already calls PyTorch's cuDNN kernel for "
-            "an unmasked LSTM/GRU"
+            "on CUDA, PyTorch's cuDNN kernel runs every direction in one call "
+            "(the 'torch-fused' way) or Keras' unmasked layer calls it"
         )
     if device_type != "cpu":
         return lambda: f"inputs are on a {device_type!r} device, not the CPU"
-    if getattr(inner, "use_cudnn", "auto") is False:
-        return lambda: "the inner layer has use_cudnn=False, which asks for Keras' loop"
-    compiling = getattr(torch.compiler, "is_compiling", lambda: False)
-    if torch.jit.is_tracing() or compiling():
-        return lambda: (
-            "inside torch.jit tracing or torch.compile, Keras' loop is traced"
-        )
+    why = _settings_unavailable(inner)
+    if why is not None:
+        return why
     cell = inner.cell
-    if cell.recurrent_dropout:
-        return lambda: "recurrent_dropout > 0 (PyTorch's kernels have none)"
-    if inner.activity_regularizer is not None:
-        return lambda: (
-            "the inner layer has an activity_regularizer (applied by Keras' call)"
-        )
     if cell.variable_dtype not in ("float32", "float64") or (
         cell.compute_dtype != cell.variable_dtype
     ):
@@ -133,15 +161,97 @@ def _unavailable(inner, where):
             f"dtype policy {cell.dtype_policy.name!r}: the native path is used "
             "for float32 and float64 only"
         )
-    if kind is SimpleRNN:
+    return _equations_unavailable(inner)
+
+
+def _settings_unavailable(inner):
+    """None, or a function giving the sentence of the inner layer's setting
+    that PyTorch's kernels do not have."""
+    if getattr(inner, "use_cudnn", "auto") is False:
+        return lambda: "the inner layer has use_cudnn=False, which asks for Keras' loop"
+    compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+    if torch.jit.is_tracing() or compiling():
+        return lambda: (
+            "inside torch.jit tracing or torch.compile, Keras' loop is traced"
+        )
+    if inner.cell.recurrent_dropout:
+        return lambda: "recurrent_dropout > 0 (PyTorch's kernels have none)"
+    if inner.activity_regularizer is not None:
+        return lambda: (
+            "the inner layer has an activity_regularizer (applied by Keras' call)"
+        )
+    return None
+
+
+def _equations_unavailable(inner):
+    """None, or a function giving the sentence of why the inner layer's
+    equations are not PyTorch's."""
+    cell = inner.cell
+    if type(inner) is SimpleRNN:
         if cell.activation not in _TANH + _RELU:
             return lambda: "SimpleRNN activation is not tanh or relu"
         return None
     if cell.activation not in _TANH or cell.recurrent_activation not in _SIGMOID:
         return lambda: "activation must be tanh and recurrent_activation sigmoid"
-    if kind is GRU and not cell.reset_after:
+    if type(inner) is GRU and not cell.reset_after:
         return lambda: "GRU with reset_after=False (PyTorch's GRU is reset-after)"
     return None
+
+
+def fused_unavailable_reason(inner, where):
+    """Why `inner` cannot run the `"torch-fused"` way here, or None if it
+    can (on CUDA, and forced on a CPU).
+
+    Args:
+        inner: The inner RNN layer (built).
+        where: As in `unavailable_reason`.
+
+    Returns:
+        None, or a sentence naming the condition that fails.
+    """
+    text = _fused_unavailable(inner, where)
+    return None if text is None else text()
+
+
+def _fused_unavailable(inner, where):
+    kind = type(inner)
+    if kind not in torch_fused.KINDS:
+        return lambda: (
+            f"{kind.__name__} has no one-call kernel (LSTM and GRU do: their "
+            "padded steps can be made to hold the state)"
+        )
+    device_type = _device_type(where)
+    if device_type not in ("cpu", "cuda"):
+        return lambda: f"inputs are on a {device_type!r} device, not CUDA or the CPU"
+    why = _settings_unavailable(inner)
+    if why is not None:
+        return why
+    dtype = inner.cell.compute_dtype
+    if dtype not in ("float16", "bfloat16", "float32", "float64"):
+        return lambda: f"compute dtype {dtype!r} is not a float PyTorch's RNNs take"
+    return _equations_unavailable(inner)
+
+
+def fused_why(inners):
+    """None when `inners` can share one `"torch-fused"` call, else a hard
+    `Why`: the two directions of one call need the same layer type, units,
+    bias and compute dtype (one kernel call, one weight layout)."""
+    first = inners[0]
+    for other in inners[1:]:
+        if (
+            type(other) is not type(first)
+            or other.cell.units != first.cell.units
+            or other.cell.use_bias != first.cell.use_bias
+            or other.cell.compute_dtype != first.cell.compute_dtype
+        ):
+            return _DIFFERENT_DIRECTIONS
+    return None
+
+
+_DIFFERENT_DIRECTIONS = Why(
+    "the two directions differ in layer type, units, use_bias or dtype, "
+    "and one kernel call runs directions of one kind"
+)
 
 
 def _device_type(where):
@@ -191,12 +301,31 @@ _LSTM_UNPACKED = soft(
 _PACKED_FASTER = soft(
     "no gradient is recorded: the packed kernel skips the padded steps"
 )
+_FUSED_ON_CPU = soft(
+    "on a CPU PyTorch's caller's-order kernels ('torch-unpacked', "
+    "'torch-packed') are the default plan; the one-call way is the CUDA one"
+)
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: PyTorch's kernels on a CPU (packed or
-    unpacked, `packed_preferred`), else Keras' unmasked layer, else its
-    masked loop."""
+    """`[(way, why)]`, best first: on CUDA the one-call way
+    (`"torch-fused"`); on a CPU PyTorch's kernels (packed or unpacked,
+    `packed_preferred`), then the one-call way (forceable); else Keras'
+    unmasked layer, else its masked loop."""
+    fused = _fused_unavailable(inner, where)
+    if fused is not None:
+        fused = [("torch-fused", Why(fused))]
+    elif _device_type(where) == "cuda":
+        return [("torch-fused", None)] + _caller_order_options(inner, where) + (
+            keras_ways.options(inner)
+        )
+    else:
+        fused = [("torch-fused", _FUSED_ON_CPU)]
+    return _caller_order_options(inner, where) + fused + keras_ways.options(inner)
+
+
+def _caller_order_options(inner, where):
+    """`[(way, why)]` of `"torch-packed"` and `"torch-unpacked"`."""
     native = _unavailable(inner, where)
     if native is not None:
         native = Why(native)
@@ -207,11 +336,13 @@ def options(inner, where, want_states):
         torch_ways = [("torch-unpacked", None), ("torch-packed", _LSTM_UNPACKED)]
     else:
         torch_ways = [("torch-packed", None), ("torch-unpacked", _PACKED_FASTER)]
-    return torch_ways + keras_ways.options(inner)
+    return torch_ways
 
 
 def describe(way, inner, want_states, options):
     """The `kernel_info()` sentence for `way`."""
+    if way == "torch-fused":
+        return _describe_fused(inner, options)
     if not way.startswith("torch"):
         text = keras_ways.describe(way, inner, options)
         native = dict(options)["torch-unpacked"]
@@ -249,6 +380,42 @@ def describe(way, inner, want_states, options):
     return text
 
 
+def _describe_fused(inner, options):
+    """The `kernel_info()` sentence of the `"torch-fused"` way."""
+    name = type(inner).__name__
+    holds = (
+        "forget gate 1 and input gate 0, so c is kept"
+        if type(inner) is LSTM
+        else "update gate 1, so h is kept"
+    )
+    text = (
+        f"PyTorch's fused {name} kernel (torch._VF.{name.lower()}: cuDNN on "
+        "CUDA, PyTorch's CPU kernel otherwise), every direction of the call "
+        "in one call (bidirectional=True for both directions) over the "
+        "valid-first data, whose padded steps hold the state (a padding "
+        f"flag feature: {holds}): exact outputs and final states with no "
+        "reversal gather and no state recomputation"
+    )
+    if type(inner) is LSTM:
+        text += (
+            "; with an initial state for the backward direction (an LSTM's h "
+            "is not held over the padded tail it crosses first), that "
+            "direction runs in a call of its own over its reversed rows"
+        )
+    why = dict(options).get("torch-fused")
+    if why is not None:
+        text += f" (not the default here: {why})"
+    return text
+
+
+def run_fused(way, inners, x, steps, initial_states, training, want_states):
+    """Every direction of a call in one kernel call (`"torch-fused"`):
+    `maskedrnn.backends`' one-call interface, `torch_fused.run`."""
+    if way != "torch-fused":
+        raise NotImplementedError(f"{way!r} is not a one-call way of torch")
+    return torch_fused.run(inners, x, steps, initial_states, want_states)
+
+
 def run(way, inner, x, initial_state, training, steps, want_states):
     """Runs `way` over valid-first `x`; `(outputs, states or None)`.
 
@@ -259,6 +426,11 @@ def run(way, inner, x, initial_state, training, steps, want_states):
     states after each row's last valid step too (`h` read off the outputs,
     an LSTM's `c` from the kernel, its padded steps made no-ops for `c`).
     """
+    if way == "torch-fused":
+        # One direction per call (the plan's valid-first route: input
+        # dropout, or directions on different ways).
+        y, states = torch_fused.run([inner], x, steps, [initial_state], want_states)
+        return y, states[0] if want_states else []
     if not way.startswith("torch"):
         return keras_ways.run(way, inner, x, initial_state, training, steps)
     return run_native(way, inner, x, initial_state, steps, want_states)

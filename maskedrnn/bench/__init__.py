@@ -43,6 +43,10 @@ Each row gets `kernels` (a summary line), `kernel_calls` (the records) and
 `--profile` also lists the RNN kernels the backend's profiler saw (CUDA
 kernel names on a GPU).
 
+`--way WAY` runs ours under `maskedrnn.backends.force(WAY)` (e.g.
+`torch-fused`, the one-call way, forceable on a CPU), to time one plan
+against the default one; the JSON's `config.way` records it.
+
 `--layer rnn` times `MaskedRNN` the same way, against the Keras `LSTM`/`GRU`
 with and without the mask and PyTorch's unidirectional module; `--layers N`
 stacks N layers (`--preset stacked`: the GPU sizes, 2 layers).

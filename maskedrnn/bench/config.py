@@ -259,6 +259,12 @@ def build_parser():
         choices=tuple(IMPLS),
         help="implementations to time (default: all this backend has)",
     )
+    parser.add_argument(
+        "--way",
+        help="run ours (maskedrnn, maskedrnn_lengths) under "
+        "maskedrnn.backends.force(WAY), one of maskedrnn.backends.WAYS the "
+        "backend has (e.g. torch-fused); default: the plan users get",
+    )
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument(
         "--threads",

@@ -19,7 +19,10 @@ tells apart
   (over valid-first data) and `run_direction` (a whole direction from the
   caller's order), labelled "torch native kernel"; a GRU or SimpleRNN with
   gradients recorded runs `torch_kernels.GRUFunction` / `SimpleRNNFunction` there
-  (PyTorch's equations in torch ops), under the same label.
+  (PyTorch's equations in torch ops), under the same label;
+- the one-call way (`maskedrnn.backends.torch_fused.run`: every direction
+  in one `torch._VF` call), labelled "torch one-call kernel (torch._VF)",
+  a cuDNN call when its input is on CUDA.
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -54,7 +57,8 @@ FELL_BACK = "failed, fell back"
 
 
 def _targets():
-    """(module, attribute, label, is_cudnn, has_mask) for this backend."""
+    """(module, attribute, label, is_cudnn, has_mask) for this backend;
+    `is_cudnn` a bool, or a function of the call's arguments."""
     from maskedrnn._keras_private import keras_src_backend as keras_backend
 
     backend = backends.name()
@@ -85,6 +89,11 @@ def _targets():
         # Both call PyTorch's kernels; one label for both.
         for name in ("run_native", "run_direction"):
             targets.append((torch_backend, name, "torch native kernel", False, False))
+        from maskedrnn.backends import torch_fused
+
+        # The one-call way: torch._VF.lstm/gru, cuDNN on CUDA tensors.
+        label = "torch one-call kernel (torch._VF)"
+        targets.append((torch_fused, "run", label, _on_cudnn, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 
@@ -93,6 +102,16 @@ def _targets():
         label = "jax.experimental.rnn.lstm (cuDNN)"
         targets.append((jax_rnn, "lstm", label, True, False))
     return targets
+
+
+def _on_cudnn(inners, x, *args, **kwargs):
+    """Whether `torch_fused.run(inners, x, ...)` reaches cuDNN: `x` on
+    CUDA with cuDNN enabled (`torch._VF` dispatches there)."""
+    import torch
+
+    from maskedrnn.backends.torch_kernels import as_tensor
+
+    return as_tensor(x).device.type == "cuda" and torch.backends.cudnn.enabled
 
 
 class KernelRecorder:
@@ -112,7 +131,8 @@ class KernelRecorder:
         signature = inspect.signature(original) if has_mask else None
 
         def recorder(*args, **kwargs):
-            record = {"function": label, "mask": None, "cudnn": is_cudnn}
+            cudnn = is_cudnn(*args, **kwargs) if callable(is_cudnn) else is_cudnn
+            record = {"function": label, "mask": None, "cudnn": cudnn}
             if signature is not None:
                 bound = signature.bind_partial(*args, **kwargs).arguments
                 record["mask"] = bound.get("mask") is not None

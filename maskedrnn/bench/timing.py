@@ -192,6 +192,12 @@ def _checked_run(args, backend, module, gpu):
             f"--impl {' '.join(post_only)}: lengths= describes right-padded "
             f"rows, so it needs --padding post; got --padding {padding}."
         )
+    way = getattr(args, "way", None)
+    if way is not None and way not in backends.current().WAYS:
+        raise SystemExit(
+            f"--way {way}: the {backend} backend's ways are "
+            f"{', '.join(backends.current().WAYS)}."
+        )
     modes = list(config.MODES) if args.mode == "both" else [args.mode]
     if args.plot:
         report.import_pyplot()  # fail before the long part, not after
@@ -265,6 +271,19 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             ours.set_weights(weights)
 
         def make_step(name, mode):
+            step = _make_step(name, mode)
+            way = getattr(args, "way", None)
+            if way is None or name not in config.OURS:
+                return step
+
+            def forced():
+                # The forced way holds while the step runs (and traces).
+                with backends.force(way):
+                    return step()
+
+            return forced
+
+        def _make_step(name, mode):
             if name == "maskedrnn":
                 return harness.keras_step(
                     ours_timed, mode, x, w, {"mask": mask}, with_states
@@ -325,6 +344,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "seed": args.seed,
             "order_seed": getattr(args, "order_seed", 0),
             "return_state": args.return_state,
+            "way": getattr(args, "way", None),
             "profile": bool(getattr(args, "profile", False)),
         },
         "environment": report.environment(backend, harness),

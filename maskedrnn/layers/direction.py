@@ -23,7 +23,10 @@ On the `"masked_loop"` route (every direction in Keras' masked loop) a
 masked batch skips steps 1-4: `run_masked_loop` runs that loop on the
 caller's order, which reads any mask by itself. On the `"torch"` route the
 backend runs steps 1-4 and the placement in torch ops
-(`maskedrnn.backends.torch.run_direction`).
+(`maskedrnn.backends.torch.run_direction`). On the `"fused"` route the
+layer makes the valid-first input once (`valid_first_zeroed`) and the
+backend runs every direction in one kernel call (`run_fused`), steps 3-4
+included; the layer places the outputs with one gather.
 """
 
 import keras
@@ -38,6 +41,18 @@ from maskedrnn.layers import final_state
 def zero_padding(x, steps):
     """`x` (valid-first) with zeros at every padded step."""
     return zero_where_masked(x, steps.valid)
+
+
+def valid_first_zeroed(x, steps):
+    """`x` (caller's order) valid-first with zeros at every padded position:
+    the input of the one-call ways (`maskedrnn.backends`' `run_fused`). One
+    gather from a mask (its padded slots read an appended zero step), one
+    select from lengths, none without either."""
+    if not steps.masked:
+        return x
+    if steps.order is None:
+        return zero_padding(x, steps)
+    return gather_or_zero(x, steps.order, steps.valid)
 
 
 def zero_where_masked(x, mask):
@@ -182,7 +197,8 @@ def in_place(y, steps):
 def gather_or_zero(y, index, keep):
     """`gather_time(y, index)` where `keep` is True, zeros elsewhere: the
     positions not kept read the appended zero step (`with_zero_step`)."""
-    index = ops.where(keep, index, ops.cast(ops.shape(y)[1], "int32"))
+    time = backends.current().scalar(ops.shape(y)[1], "int32")
+    index = ops.where(keep, index, time)
     return mops.gather_time(with_zero_step(y), index)
 
 

@@ -256,6 +256,8 @@ class MaskedBidirectional(direction.MaskedWrapper):
         fwd_state, bwd_state = self._split_initial_state(initial_state, x)
         if plan.route == "torch":
             outputs = self._call_in_torch(plan, x, steps, fwd_state, bwd_state)
+        elif plan.route == "fused":
+            outputs = self._call_fused(plan, x, steps, fwd_state, bwd_state, training)
         elif plan.route == "masked_loop":
             outputs = self._call_masked_loops(x, steps, fwd_state, bwd_state, training)
         else:
@@ -288,6 +290,33 @@ class MaskedBidirectional(direction.MaskedWrapper):
         else:
             fwd_y = direction.last_output(fwd_y, steps)
             bwd_y = direction.last_output(bwd_y_rev, steps)
+        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
+
+    def _call_fused(self, plan, x, steps, fwd_state, bwd_state, training):
+        """Both directions in one call of the backend's one-call way
+        (`run_fused`) on valid-first data; the outputs of both put back in
+        the caller's order with one gather."""
+        y, (fwd_states, bwd_states) = backends.current().run_fused(
+            plan.way(0),
+            [self.forward_layer, self.backward_layer],
+            direction.valid_first_zeroed(x, steps),
+            steps,
+            [fwd_state, bwd_state],
+            training,
+            self.return_state,
+        )
+        units = _output_size(self.forward_layer)
+        if self.return_sequences:
+            if steps.masked:
+                y = direction.in_place(y, steps)
+            if self.merge_mode == "concat":
+                return self._merge(y, None, fwd_states, bwd_states)
+            fwd_y, bwd_y = y[..., :units], y[..., units:]
+        else:
+            fwd_y = direction.last_output(y[..., :units], steps)
+            # The backward direction's last output is the one at step 0.
+            bwd_y = y[:, 0, units:]
+            bwd_y = ops.where(steps.has_steps, bwd_y, ops.zeros_like(bwd_y))
         return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
 
     def _call_in_torch(self, plan, x, steps, fwd_state, bwd_state):
@@ -328,19 +357,23 @@ class MaskedBidirectional(direction.MaskedWrapper):
 
     def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
         """The list of outputs: the two directions merged by `merge_mode`,
-        then the states when `return_state`."""
+        then the states when `return_state`. `bwd_y=None`: `fwd_y` holds
+        both directions concatenated already (`"concat"`)."""
         fwd_y = ops.cast(fwd_y, self.compute_dtype)
-        bwd_y = ops.cast(bwd_y, self.compute_dtype)
-        if self.merge_mode == "concat":
-            outputs = [ops.concatenate([fwd_y, bwd_y], axis=-1)]
-        elif self.merge_mode == "sum":
-            outputs = [fwd_y + bwd_y]
-        elif self.merge_mode == "ave":
-            outputs = [(fwd_y + bwd_y) / 2]
-        elif self.merge_mode == "mul":
-            outputs = [fwd_y * bwd_y]
+        if bwd_y is None:
+            outputs = [fwd_y]
         else:
-            outputs = [fwd_y, bwd_y]
+            bwd_y = ops.cast(bwd_y, self.compute_dtype)
+            if self.merge_mode == "concat":
+                outputs = [ops.concatenate([fwd_y, bwd_y], axis=-1)]
+            elif self.merge_mode == "sum":
+                outputs = [fwd_y + bwd_y]
+            elif self.merge_mode == "ave":
+                outputs = [(fwd_y + bwd_y) / 2]
+            elif self.merge_mode == "mul":
+                outputs = [fwd_y * bwd_y]
+            else:
+                outputs = [fwd_y, bwd_y]
         if self.return_state:
             outputs = outputs + fwd_states + bwd_states
         return outputs

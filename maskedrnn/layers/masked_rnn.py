@@ -244,8 +244,9 @@ class MaskedRNN(direction.MaskedWrapper):
         return y, states if self.return_state else []
 
     def _run_valid_first(self, plan, x, steps, state, training):
-        """Outputs and states from valid-first `x` (`direction.run`), the
-        outputs placed as Keras' masked `RNN` returns them."""
+        """Outputs and states from valid-first `x` (`direction.run`, or the
+        backend's `run_fused` on the `"fused"` route), the outputs placed as
+        Keras' masked `RNN` returns them."""
         read_mask = None
         if steps.right_padded:
             read_mask = steps.valid
@@ -261,9 +262,19 @@ class MaskedRNN(direction.MaskedWrapper):
             if steps.masked:
                 read_mask = steps.mask
                 x = steps.valid_first(x)
-        y, states = direction.run(
-            plan.way(), self.layer, x, steps, state, training, self.return_state
-        )
+        if plan.route == "fused":
+            # The backend's one-call way: one kernel call, zeros at padding.
+            if steps.masked:
+                x = direction.zero_padding(x, steps)
+            y, states = backends.current().run_fused(
+                plan.way(), [self.layer], x, steps, [state], training,
+                self.return_state,
+            )
+            states = states[0]
+        else:
+            y, states = direction.run(
+                plan.way(), self.layer, x, steps, state, training, self.return_state
+            )
         if self.return_sequences:
             if read_mask is not None:
                 y = direction.held(y, read_mask, self.zero_output_for_mask, steps.rank)
