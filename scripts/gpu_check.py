@@ -97,6 +97,7 @@ SMOKE_QUICK = [
     "tests/test_bench_kernels.py::test_profile_runs_and_says_what_it_saw",
     "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
 ]
+SECTIONS = ("environment", "correctness", "timings", "tests")
 # Share of the time before the tests that the correctness section may use.
 CORRECTNESS_SHARE = 0.45
 
@@ -381,10 +382,15 @@ def timings(check, backend, device, deadline):
 
 def write_profile(check, name, results):
     """The profiler's view of one timing case, every kernel by name."""
+    from maskedrnn.bench import kernels
+
     lines = [f"profile of timing case {name} ({results['environment']['device']})"]
     for row in results["rows"]:
         p = row.get("profile", {})
         lines.append(f"\n{row['mode']} {row['impl']}: {p.get('tool')} {p.get('note')}")
+        if "cuda_kernels" in p:
+            cudnn = ", ".join(kernels.cudnn_rnn_kernels(p)) or "none"
+            lines.append(f"  cuDNN RNN kernels: {cudnn}")
         for kind in ("cuda_kernels", "cuda_kernels_top", "rnn_ops"):
             for k in p.get(kind, []):
                 lines.append(f"  {kind:<17} x{k['count']:<5} {k['name']}")
@@ -471,12 +477,9 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    os.environ["KERAS_BACKEND"] = args.backend
-    check = Check(args)
-    check.log(f"gpu_check {args.backend}: budget {args.budget_s} s, {platform.node()}")
-    check.flush()
+def start(check, args):
+    """Imports Keras, picks the device and fills `environment`; returns
+    `"gpu"` or `"cpu"`, or None when `--device gpu` finds none."""
     import keras
 
     from maskedrnn.bench import gpu_available
@@ -487,15 +490,39 @@ def main(argv=None):
         check.results["status"] = "no GPU visible"
         check.log(f"--device gpu: the {args.backend} backend sees no GPU.")
         check.flush()
-        return 2
+        return None
     device = "gpu" if gpu_here and args.device != "cpu" else "cpu"
     check.results["device"] = device
     check.results["environment"] = environment(check, args.backend, device == "gpu")
     check.log(f"[environment] {json.dumps(check.results['environment'])}")
     check.flush()
+    return device
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ["KERAS_BACKEND"] = args.backend
+    check = Check(args)
+    check.log(f"gpu_check {args.backend}: budget {args.budget_s} s, {platform.node()}")
+    check.flush()
+    try:
+        with check.budget.limit(check.budget.end):
+            device = start(check, args)
+    except OutOfTime:
+        why = "the budget ran out while Keras and the backend started"
+        check.results["status"] = "out of time"
+        for section in SECTIONS:
+            check.results.setdefault(section, {})["skipped"] = why
+        check.log(f"gpu_check {args.backend}: {why}")
+        check.flush()
+        return 0
+    if device is None:
+        return 2
     tests_s = min(SIZES[args.quick]["tests_s"], 0.3 * args.budget_s)
     before_tests = check.budget.end - tests_s
     split = time.monotonic() + CORRECTNESS_SHARE * (before_tests - time.monotonic())
+    import keras
+
     with keras.device(device):
         correctness(check, args.backend, device, split)
         timings(check, args.backend, device, before_tests)

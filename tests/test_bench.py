@@ -803,7 +803,9 @@ def test_forced_ways_are_timed_and_checked_and_declines_listed():
     )
     assert results["config"]["ways"] == ways
     rows = by_case(results)
-    declined = {(d["impl"], d["mode"]): d["reason"] for d in results.get("declined", [])}
+    declined = {
+        (d["impl"], d["mode"]): d["reason"] for d in results.get("declined", [])
+    }
     for way in ways:
         for mode in ("train", "infer"):
             name = f"maskedrnn:{way}"

@@ -172,12 +172,16 @@ def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
     assert results is not None and all(s in results for s in SECTIONS)
     assert results["elapsed_s"] < budget
     assert wall < budget + 15  # the interpreter's start and exit
-    skipped = (
-        results["correctness"]["skipped"]
-        + results["timings"]["skipped"]
-        + ([results["tests"]["skipped"]] if "skipped" in results["tests"] else [])
-    )
-    assert skipped, results
-    for entry in results["correctness"]["skipped"] + results["timings"]["skipped"]:
-        assert entry["why"] and entry["name"]
+    if results["status"] == "out of time":  # while Keras started (a busy machine)
+        assert all(results[s]["skipped"] for s in SECTIONS), results
+    else:
+        assert results["status"] == "passed"
+        skipped = (
+            results["correctness"]["skipped"]
+            + results["timings"]["skipped"]
+            + ([results["tests"]["skipped"]] if "skipped" in results["tests"] else [])
+        )
+        assert skipped, results
+        for entry in results["correctness"]["skipped"] + results["timings"]["skipped"]:
+            assert entry["why"] and entry["name"]
     assert len(list(tmp_path.iterdir())) <= 6
