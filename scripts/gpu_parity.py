@@ -64,28 +64,26 @@ QUICK = (
 
 def cases(main_size, edge_size, quick=False):
     """The cases, most telling first: `(name, settings)` (`quick`: those
-    named in `QUICK`)."""
+    named in `QUICK`). With final states before without; each setting at
+    the check's size, then on the edge batch (on JAX every case compiles
+    anew, so a short budget still reaches the edge batch)."""
     found = []
-    for size_name, size in (("main", main_size), ("edge", edge_size)):
-        for states in (True, False):
-            for layer in LAYERS:
-                for cell in CELLS:
-                    for how in HOW:
+    for states in (True, False):
+        for layer in LAYERS:
+            for cell in CELLS:
+                for how in HOW:
+                    for size_name, size in (("main", main_size), ("edge", edge_size)):
                         name = f"{size_name}-{cell}-{layer}-{how}"
                         name += "-states" if states else ""
-                        found.append(
-                            (
-                                name,
-                                dict(
-                                    size,
-                                    edge=size_name == "edge",
-                                    cell=cell,
-                                    layer=layer,
-                                    how=how,
-                                    states=states,
-                                ),
-                            )
+                        case = dict(
+                            size,
+                            edge=size_name == "edge",
+                            cell=cell,
+                            layer=layer,
+                            how=how,
+                            states=states,
                         )
+                        found.append((name, case))
     return [c for c in found if c[0] in QUICK] if quick else found
 
 
