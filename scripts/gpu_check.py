@@ -318,12 +318,21 @@ def correctness(check, backend, device, deadline):
             return record
 
         def cost(case):
-            return case["batch"] * case["time"] * case["units"] * (
-                case["features"] + case["units"]
-            ) + 1e5
+            return relative_cost(case, sizes["main"])
 
         cases = gpu_parity.cases(sizes["main"], sizes["edge"], check.args.quick)
         check.run_cases("correctness", cases, run_one, deadline, cost)
+
+
+def relative_cost(size, main):
+    """A case's expected time, in units of a fixed part (compiling, Keras'
+    Python, launching: about as much as the arithmetic of the check's
+    size) plus its arithmetic relative to the check's size."""
+
+    def work(s):
+        return s["batch"] * s["time"] * s["units"] * (s["features"] + s["units"])
+
+    return 1 + work(size) / work(main)
 
 
 def timing_cases(quick):
@@ -365,9 +374,7 @@ def timings(check, backend, device, deadline):
         argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
         argv += ["--way", *backends.current().WAYS, "--no-progress"]
         argv += ["--device", device, *extra] + (["--profile"] if profile else [])
-        cost = sizes[size]["time"] * sizes[size]["units"] * (
-            sizes[size]["features"] + sizes[size]["units"]
-        )
+        cost = relative_cost(sizes[size], sizes["main"])
         cases.append((name, {"argv": argv, "cost": cost, "profile": profile}))
 
     def run_one(name, case):
@@ -413,7 +420,10 @@ def smoke_tests(check, backend, device):
         record["skipped"] = f"no time left ({max(left, 0):.0f} s)"
         check.log(f"[tests] skipped: {record['skipped']}")
         return
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs"]
+    # -v: a test per line, so that a run stopped at its limit still says
+    # which tests passed.
+    argv = [sys.executable, "-m", "pytest", "-q" if quick else "-v"]
+    argv += ["-p", "no:cacheprovider", "-rfEs"]
     argv += ["--durations=10"]
     if importlib.util.find_spec("xdist") is not None:
         argv += ["-n", "0"]
