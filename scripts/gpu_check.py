@@ -6,7 +6,7 @@ keras from the carried `.whl/` folder), one command per backend:
     KERAS_BACKEND=torch python3 scripts/gpu_check.py --backend torch \\
         --budget-s 300 --out "$OUT"
     KERAS_BACKEND=jax python3 scripts/gpu_check.py --backend jax \\
-        --budget-s 270 --out "$OUT"
+        --budget-s 240 --out "$OUT"
 
 and on any machine the rehearsal of every section at tiny sizes (CI,
 tests/test_gpu_check.py):
@@ -28,8 +28,16 @@ Sections, in order, each written to the JSON as soon as it ends:
 - `tests`: a GPU smoke subset of the test suite in a subprocess (at most
   2 minutes; pytest-timeout where installed).
 
+Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
+`mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
+timing case), B=6 T=7 D=3 U=4 (the edge batch). `--quick`: every section
+at tiny sizes, 4 of the 32 correctness cases (each value of each factor)
+and 2 timing cases (pre-padded; post-padded and long).
+
 The budget: the check stops itself before `--budget-s` seconds (counted
-from its start). Before each case it estimates the case's time from the
+from its start). The tests get up to min(120 s, 30% of the budget) at the
+end; of the time before them, correctness gets up to 45%, the timings the
+rest. Before each case it estimates the case's time from the
 cases before it and skips what would not fit; a case still running at its
 section's deadline is interrupted (a timer); both are recorded under the
 section's `skipped`. The JSON is rewritten (atomically) after every case,

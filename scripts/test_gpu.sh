@@ -10,8 +10,8 @@
 # here: `scripts/test_gpu.sh --fetch-wheels` puts the keras, namex and optree
 # wheels into the ignored folder .whl/ (../shared/gpu/wheels.sh). Then on the
 # GPU machine, with .whl carried, one command per backend:
-#   scripts/test_gpu.sh torch 300     # about 330 s of the machine
-#   scripts/test_gpu.sh jax 270       # about 300 s
+#   scripts/test_gpu.sh torch 300     # give the command about 340 s
+#   scripts/test_gpu.sh jax 240       # about 280 s
 # Each installs .whl/*.whl into /tmp/site (when .whl holds wheels), sets
 # PYTHONPATH=/tmp/site:$PWD, PYTHONUNBUFFERED=1 and KERAS_BACKEND, and runs
 #   python3 scripts/gpu_check.py --backend BACKEND --budget-s BUDGET_S --out OUT_DIR
