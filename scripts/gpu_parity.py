@@ -51,6 +51,8 @@ def edge_mask():
 
 
 EDGE_LENGTHS = np.array([7, 3, 0, 1, 5, 7], "int32")
+# The edge batch's size.
+EDGE = dict(batch=6, time=7, features=3, units=4)
 
 
 # `--quick`: every factor's every value, in fewer cases.

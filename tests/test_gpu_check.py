@@ -187,3 +187,27 @@ def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
         for entry in results["correctness"]["skipped"] + results["timings"]["skipped"]:
             assert entry["why"] and entry["name"]
     assert len(list(tmp_path.iterdir())) <= 6
+
+
+def test_a_wrong_result_fails_its_case(monkeypatch):
+    """The correctness section's comparisons catch a wrong layer: ours
+    given other weights than the oracles' differs beyond the tolerances,
+    for every way that runs, and the case is not ok."""
+    parity = gpu_parity()
+    build_pair = parity.build_pair
+
+    def wrong_pair(case):
+        ours, ref = build_pair(case)
+        ours.set_weights([w * 1.5 for w in ref.get_weights()])
+        return ours, ref
+
+    monkeypatch.setattr(parity, "build_pair", wrong_pair)
+    name = "edge-lstm-bidirectional-mask_pre-states"
+    case = dict(parity.cases(parity.EDGE, parity.EDGE))[name]
+    runner = parity.Runner(BACKEND, "cpu")
+    record = parity.run_case(name, case, runner, BACKEND, "cpu")
+    assert record["ok"] is False
+    checked = [w for w in record["ways"] if "diffs" in w]
+    assert checked and not any(w["ok"] for w in checked)
+    for w in checked:
+        assert w["diffs"]["outputs"] > parity.TOLERANCE["outputs"]
