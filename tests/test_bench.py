@@ -787,18 +787,56 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="a torch way")
-def test_way_option_times_ours_under_the_forced_way(tmp_path):
-    """`--way torch-fused`: ours runs the one-call kernel (the kernel spies
-    say so), still matches Keras' masked layer, and the JSON records it."""
-    path = tmp_path / "r.json"
+def test_way_option_runs_the_one_call_kernel_for_torch_fused():
+    """`--way torch-fused`: the forced row runs the one-call kernel (the
+    kernel spies say so) and still matches Keras' masked layer."""
     impl = ["--impl", "maskedrnn", "keras_masked", "--mode", "train"]
-    results = bench.main(
-        TINY + QUICK + impl + ["--way", "torch-fused", "--json", str(path)]
-    )
-    ours = [r for r in results["rows"] if r["impl"] == "maskedrnn"][0]
+    results = bench.main(TINY + QUICK + impl + ["--way", "torch-fused"])
+    ours = [r for r in results["rows"] if r["impl"] == "maskedrnn:torch-fused"][0]
     assert ours["kernels"] == "torch one-call kernel (torch._VF) computed x1"
     assert ours["max_abs_diff"] < 1e-5
-    with open(path) as f:
-        assert json.load(f)["config"]["way"] == "torch-fused"
-    with pytest.raises(SystemExit, match="--way torch-fast"):
-        bench.main(TINY + QUICK + impl + ["--way", "torch-fast"])
+    assert results["config"]["ways"] == ["torch-fused"]
+
+
+def test_forced_ways_are_timed_and_checked_and_declines_listed():
+    """`--way`: ours again with each way forced (`maskedrnn.backends.force`),
+    as rows `maskedrnn:WAY`, checked against Keras' masked layer like the
+    others and in the ratios; a way the backend cannot run in a mode is
+    listed under `declined`, not timed. `--slow-repeats` caps the rows in
+    Keras' masked loop."""
+    from maskedrnn import backends
+
+    ways = list(backends.current().WAYS)
+    results = bench.main(
+        TINY
+        + QUICK
+        + ["--repeats", "3", "--impl", "maskedrnn", "keras_masked", "keras_unmasked"]
+        + ["--way", *ways, "--slow-repeats", "1"]
+    )
+    assert results["config"]["ways"] == ways
+    rows = by_case(results)
+    declined = {
+        (d["impl"], d["mode"]): d["reason"] for d in results.get("declined", [])
+    }
+    for way in ways:
+        for mode in ("train", "infer"):
+            name = f"maskedrnn:{way}"
+            if (name, mode) in declined:
+                assert f"{way!r} cannot run here" in declined[name, mode]
+                assert "Arguments received" not in declined[name, mode]
+                assert (name, mode) not in rows
+                continue
+            row = rows[name, mode]
+            assert row["expected_to_match"] and row["max_abs_diff"] < 1e-5, row
+            assert row.get("max_abs_grad_diff", 0) < 1e-4, row
+            assert row["label"].endswith(f", forced {way}")
+            slow = way == "keras-masked"
+            assert len(row["times_ms"]) == (1 if slow else 3)
+            assert f"{name}/keras_unmasked" in results["ratios"][mode]
+    assert len(rows["keras_masked", "train"]["times_ms"]) == 1
+    if BACKEND == "torch":
+        # Gradients recorded: PyTorch's packed kernel is declined.
+        assert ("maskedrnn:torch-packed", "train") in declined
+        assert ("maskedrnn:torch-packed", "infer") in rows
+    table = bench.format_table(results)
+    assert all(f"declined: {m} {n}: " in table for n, m in declined)

@@ -349,9 +349,18 @@ def test_profile_runs_and_says_what_it_saw():
         assert note.startswith("no CUDA device")
         assert "no CUDA kernels" in note
     else:
-        for name in ("maskedrnn", "keras_unmasked"):
-            assert rows[name]["profile"]["cuda_kernels"], rows[name]
-        assert rows["keras_masked"]["profile"]["cuda_kernels"] == []
+        # cuDNN's RNN kernels by name where cuDNN computes (ours' default
+        # LSTM and Keras' unmasked one; PyTorch's module), none for Keras'
+        # masked loop (its gemms and element-wise kernels are not cuDNN's).
+        fused = ["maskedrnn", "keras_unmasked"]
+        fused += ["torch_unpacked"] if BACKEND == "torch" else []
+        for name in fused:
+            profile = rows[name]["profile"]
+            assert kernels.cudnn_rnn_kernels(profile), (
+                name,
+                [k["name"] for k in profile["cuda_kernels_top"]],
+            )
+        assert kernels.cudnn_rnn_kernels(rows["keras_masked"]["profile"]) == []
     if BACKEND == "torch" and not GPU:
         # Ours runs PyTorch's native LSTM per direction on a CPU, Keras'
         # masked layer its Python loop: the profile sees the difference.
@@ -360,6 +369,28 @@ def test_profile_runs_and_says_what_it_saw():
         assert rows["keras_masked"]["profile"]["rnn_ops"] == []
         ops = [op["name"] for op in rows["torch_unpacked"]["profile"]["rnn_ops"]]
         assert "aten::lstm" in ops
+
+
+def test_cudnn_kernel_names_are_matched_positively():
+    """What `--profile` on a GPU calls cuDNN's RNN kernels: their names, not
+    any name with "rnn", "lstm" or "gru" in it (an XLA fusion, a cuBLAS gemm
+    or PyTorch's element-wise sigmoid are not cuDNN's)."""
+    names = [
+        "RNN_blockPersist_fp_LSTM<float, float, float, 128, 1, 2, 1, 0>",
+        "void LSTM_elementWise_fp<float, float, float>(int, int, int)",
+        "GRU_elementWise_bp1",
+        "elemWiseRNNcell<float>",
+        "void cudnn::rnn::lstm_fwd_kernel",
+        "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32",
+        "loop_fusion_lstm_3",
+        "void at::native::vectorized_elementwise_kernel<4, sigmoid_kernel_cuda>",
+        "cudnn::gemm::kernel",
+    ]
+    profile = {
+        "cuda_kernels": [{"name": n, "count": 1} for n in names[:3] + names[6:7]],
+        "cuda_kernels_top": [{"name": n, "count": 2} for n in names],
+    }
+    assert kernels.cudnn_rnn_kernels(profile) == sorted(names[:5])
 
 
 # ------------------------------------------------------------ tests/conftest.py

@@ -6,7 +6,7 @@ The saved predictions are checked first against the oracle, Keras'
 CPU process must then predict the same. On a CPU-only machine both sides
 would be the CPU, and the test would only check the save -> fresh process
 -> load path, which tests/test_deploy.py covers on CPUs already (across backends):
-so without a GPU this test is skipped, to keep CI short; scripts/test_gpu.sh
+so without a GPU this test is skipped, to keep CI short; scripts/gpu_check.py
 runs it on a GPU machine. This module is also the worker of that process:
 `python -m tests.test_gpu_to_cpu WORKDIR`.
 """

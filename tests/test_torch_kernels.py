@@ -188,7 +188,8 @@ def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
     for got_state, want_state in zip(got[1:], want[1:]):  # h, c fwd; h, c bwd
         # Its initial state, as Keras' masked loop carries it: bit for bit.
         np.testing.assert_array_equal(to_np(got_state)[empty], to_np(want_state)[empty])
-    layout = torch_direction.Layout(torch.tensor(MASK))
+    # Where the layer's weights are (CUDA when Keras sees a GPU).
+    layout = torch_direction.Layout(torch.tensor(MASK, device=DEVICE))
     tol = 1e-12 if dtype == "float64" else 1e-5
     for inner, reverse, initial in (
         (ours.forward_layer, False, states[:2]),
@@ -369,18 +370,18 @@ def test_run_direction_with_one_valid_step_in_a_batch_of_empty_rows(place, packe
     layer = keras.layers.GRU(U, return_sequences=True, return_state=True)
     layer.build((None, None, D))
     x = torch.tensor(np.random.default_rng(0).standard_normal((4, 5, D)))
-    x = x.to(torch.float32)
-    layout = torch_direction.Layout(torch.tensor(mask))
+    x = x.to(torch.float32).to(DEVICE)  # where the layer's weights are
+    layout = torch_direction.Layout(torch.tensor(mask, device=DEVICE))
     with torch.no_grad():
         y, states = torch_direction.run_direction(
             layer, x, None, layout, place=place, packed=packed
         )
-        ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask)))
-    np.testing.assert_allclose(states[0].numpy(), h, atol=1e-6)
+        ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask, device=DEVICE)))
+    np.testing.assert_allclose(to_np(states[0]), h, atol=1e-6)
     if place == "last":
-        np.testing.assert_allclose(y.numpy(), h, atol=1e-6)
+        np.testing.assert_allclose(to_np(y), h, atol=1e-6)
         return
-    y = y.numpy()
+    y = to_np(y)
     np.testing.assert_allclose(y[2, 3], ref[2, 3], atol=1e-6)
     # After the valid step: held by Keras' RNN convention, else zeros.
     after = ref[2, 3] if place == "held" else np.zeros(U)
@@ -395,19 +396,23 @@ def test_an_all_padding_batch(packed):
     """No valid step anywhere: zeros and the initial states; the packed form
     calls no kernel, the unpacked one (training) still connects the weights
     (zero gradients, no error)."""
-    layout = torch_direction.Layout(torch.zeros((3, 4), dtype=torch.bool))
+    # Every tensor where the layer's weights are (CUDA when Keras sees a GPU).
+    layout = torch_direction.Layout(
+        torch.zeros((3, 4), dtype=torch.bool, device=DEVICE)
+    )
     assert layout.steps == 0 and layout.total == 0
     layer = keras.layers.LSTM(U, return_sequences=True, return_state=True)
     layer.build((None, None, D))
-    h0, c0 = torch.ones((3, U)), torch.full((3, U), 2.0)
-    x = torch.ones((3, 4, D), requires_grad=not packed)
+    h0 = torch.ones((3, U), device=DEVICE)
+    c0 = torch.full((3, U), 2.0, device=DEVICE)
+    x = torch.ones((3, 4, D), device=DEVICE, requires_grad=not packed)
     with torch.set_grad_enabled(not packed):
         y, states = torch_direction.run_direction(
             layer, x, [h0, c0], layout, place="held", packed=packed
         )
     assert tuple(y.shape) == (3, 4, U) and not y.any()
-    np.testing.assert_array_equal(states[0].detach().numpy(), h0.numpy())
-    np.testing.assert_array_equal(states[1].detach().numpy(), c0.numpy())
+    np.testing.assert_array_equal(to_np(states[0].detach()), to_np(h0))
+    np.testing.assert_array_equal(to_np(states[1].detach()), to_np(c0))
     if not packed:
         (y.sum() + states[1].sum()).backward()
         assert not x.grad.any()
@@ -416,9 +421,9 @@ def test_an_all_padding_batch(packed):
 def test_run_direction_rejects_an_unknown_place():
     layer = keras.layers.GRU(U)
     layer.build((None, None, D))
-    layout = torch_direction.Layout(torch.tensor(PACK_MASK))
+    layout = torch_direction.Layout(torch.tensor(PACK_MASK, device=DEVICE))
     with pytest.raises(ValueError, match="place must be one of"):
-        x = torch.ones((6, 6, D))
+        x = torch.ones((6, 6, D), device=DEVICE)
         torch_direction.run_direction(layer, x, None, layout, place="x")
 
 

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from maskedrnn import backends
+
 # Labels, formatted with the layer kind (`--layer`, see LAYERS) and the cell.
 IMPLS = {
     "maskedrnn": "{ours}, mask=",
@@ -46,6 +48,36 @@ CEILINGS = ("keras_unmasked", "torch_unpacked")
 POST_ONLY = ("maskedrnn_lengths",)
 REFERENCE = "keras_masked"
 MODES = ("train", "infer")
+# `--way WAY`: ours again with WAY forced (`maskedrnn.backends.force`),
+# as rows named "maskedrnn:WAY" (and "maskedrnn_lengths:WAY").
+WAY_SEPARATOR = ":"
+
+
+def split_impl(impl):
+    """`(implementation, forced way or None)` of a row's `impl` name:
+    `"maskedrnn:keras-masked"` is `("maskedrnn", "keras-masked")`."""
+    base, _, way = impl.partition(WAY_SEPARATOR)
+    return base, way or None
+
+
+def is_ours(impl):
+    """True for ours' rows, forced ways included."""
+    return split_impl(impl)[0] in OURS
+
+
+def is_slow(impl):
+    """True for the rows that run Keras' masked step loop (`keras_masked`,
+    and ours forced to `"keras-masked"`): `--slow-repeats` caps them."""
+    base, way = split_impl(impl)
+    return base == REFERENCE or way == "keras-masked"
+
+
+def label(impl, **names):
+    """The table label of `impl` (`IMPLS`, formatted with `names`), with the
+    forced way said."""
+    base, way = split_impl(impl)
+    text = IMPLS[base].format(**names)
+    return text if way is None else f"{text}, forced {way}"
 PADDINGS = ("post", "pre", "holes")
 
 PRESETS = {
@@ -251,6 +283,25 @@ def build_parser():
         "timed output (and so the loss and the checks): adds ours' exact "
         "LSTM cell-state work",
     )
+    parser.add_argument(
+        "--way",
+        nargs="+",
+        dest="ways",
+        metavar="WAY",
+        choices=backends.WAYS,
+        help="also time ours with each WAY forced (maskedrnn.backends.force), "
+        "as rows 'maskedrnn:WAY' (and 'maskedrnn_lengths:WAY'), checked "
+        "like the others; a way the backend declines for the layer in a "
+        f"mode is left out and listed under 'declined'. One of {backends.WAYS}",
+    )
+    parser.add_argument(
+        "--slow-repeats",
+        type=int,
+        metavar="N",
+        help="time keras_masked and ours forced to keras-masked (Keras' masked "
+        "step loop, slow on a GPU) at most N times, after one warm-up call "
+        "(default: --repeats and --warmup, as the rest)",
+    )
     parser.add_argument("--repeats", type=int, help="timed runs per case")
     parser.add_argument("--warmup", type=int, help="untimed runs first (>= 1)")
     parser.add_argument(
@@ -258,12 +309,6 @@ def build_parser():
         nargs="+",
         choices=tuple(IMPLS),
         help="implementations to time (default: all this backend has)",
-    )
-    parser.add_argument(
-        "--way",
-        help="run ours (maskedrnn, maskedrnn_lengths) under "
-        "maskedrnn.backends.force(WAY), one of maskedrnn.backends.WAYS the "
-        "backend has (e.g. torch-fused); default: the plan users get",
     )
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument(

@@ -50,6 +50,17 @@ from maskedrnn._keras_private import keras_backend_rnn
 # ATen's ops ("aten::lstm", "aten::_cudnn_rnn", "aten::mkldnn_rnn_layer") and
 # XLA's ("cudnn$rnn" custom calls).
 RNN_KERNEL = re.compile(r"rnn|lstm|gru", re.IGNORECASE)
+# cuDNN's own RNN kernels by name: its persistent kernels
+# ("RNN_blockPersist_fp_LSTM", "RNN_blockPersist_bp_GRU"), its element-wise
+# cell kernels ("LSTM_elementWise_fp", "GRU_elementWise_bp1",
+# "elemWiseRNNcell") and any kernel in a cuDNN namespace naming an RNN.
+# Matched positively (`cudnn_rnn_kernels`): cuBLAS's and XLA's kernel names
+# (gemms, fusions) never match it.
+CUDNN_RNN_KERNEL = re.compile(
+    r"RNN_blockPersist|(?:LSTM|GRU|RNN)_elementWise|elemWiseRNN"
+    r"|cudnn\w*::\w*(?:rnn|lstm|gru)",
+    re.IGNORECASE,
+)
 
 NOT_CALLED = "not called"
 COMPUTED = "computed"
@@ -212,6 +223,13 @@ def _rnn_names(counter):
         for name, n in sorted(counter.items())
         if RNN_KERNEL.search(name)
     ]
+
+
+def cudnn_rnn_kernels(profile):
+    """The names of cuDNN's RNN kernels (`CUDNN_RNN_KERNEL`) among the CUDA
+    kernels of a profile entry (`profile_torch` / `profile_jax`)."""
+    names = {k["name"] for k in profile["cuda_kernels"] + profile["cuda_kernels_top"]}
+    return sorted(n for n in names if CUDNN_RNN_KERNEL.search(n))
 
 
 def _top(counter, n=25):

@@ -7,16 +7,25 @@ import sys
 import keras
 import numpy as np
 
-from maskedrnn.bench.config import BASELINES, CEILINGS, CELLS, OURS, REFERENCE
+from maskedrnn.bench.config import (
+    BASELINES,
+    CEILINGS,
+    CELLS,
+    OURS,
+    REFERENCE,
+    is_ours,
+)
 
 
 def ratios(rows, modes):
-    """`{mode: {"ours/baseline": median ratio}}` for every pair timed."""
+    """`{mode: {"ours/baseline": median ratio}}` for every pair timed (ours'
+    forced ways, `--way`, included: `"maskedrnn:WAY/baseline"`)."""
     median = {(r["impl"], r["mode"]): r["median_ms"] for r in rows}
+    forced = [r["impl"] for r in rows if is_ours(r["impl"]) and r["impl"] not in OURS]
     result = {}
     for mode in modes:
         result[mode] = {}
-        for ours in OURS:
+        for ours in (*OURS, *dict.fromkeys(forced)):
             for base in BASELINES:
                 if (ours, mode) in median and (base, mode) in median:
                     value = median[ours, mode] / median[base, mode]
@@ -113,8 +122,9 @@ def format_table(results):
     if c.get("threads_note"):
         lines.append(f"threads: {c['threads_note']}")
     lines.append("")
+    width = max([19] + [len(r["impl"]) for r in results["rows"]])
     header = (
-        f"{'mode':<6} {'implementation':<19} {'median ms':>10} {'IQR ms':>15} "
+        f"{'mode':<6} {'implementation':<{width}} {'median ms':>10} {'IQR ms':>15} "
         f"{'ours/this':>9} {'max|d out|':>10} {'max|d grad|':>11}"
     )
     lines += [header, "-" * len(header)]
@@ -125,7 +135,7 @@ def format_table(results):
         grad = r.get("max_abs_grad_diff")
         flag = "" if r["expected_to_match"] else " *"
         lines.append(
-            f"{r['mode']:<6} {r['impl']:<19} {r['median_ms']:>10.2f} "
+            f"{r['mode']:<6} {r['impl']:<{width}} {r['median_ms']:>10.2f} "
             f"{r['p25_ms']:>7.2f}-{r['p75_ms']:<7.2f} {ratio:>9} "
             f"{r['max_abs_diff']:>10.1e} "
             f"{'-' if grad is None else f'{grad:.1e}':>11}{flag}"
@@ -136,6 +146,8 @@ def format_table(results):
         "input and, for Keras layouts, weight gradients)."
     )
     lines.append("* ceiling: runs over the padding, so its results are wrong.")
+    for d in results.get("declined", []):
+        lines.append(f"declined: {d['mode']} {d['impl']}: {d['reason']}")
     lines.append(
         "kernels (first call of each; Keras' backend RNN functions, cuDNN "
         "and fallback functions, torch's native kernels); did cuDNN compute:"

@@ -1,6 +1,7 @@
 """Running the benchmark: data, layers, checks, kernel records and timing."""
 
 import math
+import re
 import sys
 import time
 
@@ -192,12 +193,12 @@ def _checked_run(args, backend, module, gpu):
             f"--impl {' '.join(post_only)}: lengths= describes right-padded "
             f"rows, so it needs --padding post; got --padding {padding}."
         )
-    way = getattr(args, "way", None)
-    if way is not None and way not in backends.current().WAYS:
-        raise SystemExit(
-            f"--way {way}: the {backend} backend's ways are "
-            f"{', '.join(backends.current().WAYS)}."
-        )
+    slow_repeats = getattr(args, "slow_repeats", None)
+    if slow_repeats is not None and slow_repeats < 1:
+        raise SystemExit(f"--slow-repeats must be >= 1; got {slow_repeats}.")
+    ours = [n for n in impls if n in config.OURS]
+    for way in getattr(args, "ways", None) or ():
+        impls += [f"{n}{config.WAY_SEPARATOR}{way}" for n in ours]
     modes = list(config.MODES) if args.mode == "both" else [args.mode]
     if args.plot:
         report.import_pyplot()  # fail before the long part, not after
@@ -271,19 +272,15 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             ours.set_weights(weights)
 
         def make_step(name, mode):
-            step = _make_step(name, mode)
-            way = getattr(args, "way", None)
-            if way is None or name not in config.OURS:
-                return step
+            base, way = config.split_impl(name)
+            if way is not None:
+                step = make_step(base, mode)
 
-            def forced():
-                # The forced way holds while the step runs (and traces).
-                with backends.force(way):
-                    return step()
+                def forced_step():
+                    with backends.force(way):
+                        return step()
 
-            return forced
-
-        def _make_step(name, mode):
+                return forced_step
             if name == "maskedrnn":
                 return harness.keras_step(
                     ours_timed, mode, x, w, {"mask": mask}, with_states
@@ -313,16 +310,17 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
                 directions,
             )
 
-        rows = _time_all(harness, impls, modes, make_step, settings, args)
+        declined = []
+        rows = _time_all(harness, impls, modes, make_step, settings, args, declined)
 
     for row in rows:
         names = {k: str(v) for k, v in config.LAYERS[kind].items()}
         cell_names = config.CELLS[args.cell]
         names["keras"] = names["keras"].format(cell=cell_names["keras"])
-        row["label"] = IMPLS[row["impl"]].format(
-            torch_cell=cell_names["torch"], **names
+        row["label"] = config.label(
+            row["impl"], torch_cell=cell_names["torch"], **names
         )
-    return {
+    results = {
         "config": {
             "backend": backend,
             "cell": args.cell,
@@ -344,13 +342,17 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "seed": args.seed,
             "order_seed": getattr(args, "order_seed", 0),
             "return_state": args.return_state,
-            "way": getattr(args, "way", None),
             "profile": bool(getattr(args, "profile", False)),
+            "ways": list(getattr(args, "ways", None) or ()),
+            "slow_repeats": getattr(args, "slow_repeats", None),
         },
         "environment": report.environment(backend, harness),
         "rows": rows,
         "ratios": report.ratios(rows, modes),
     }
+    if declined:
+        results["declined"] = declined
+    return results
 
 
 def _profile(harness, step):
@@ -379,6 +381,19 @@ def _to_numpy(harness, result, mode):
     return harness.numpy(y), [harness.numpy(g) for g in grads]
 
 
+def declined_reason(error):
+    """The sentence of a `maskedrnn.backends.Declined` error, without the
+    call's arguments that Keras' layer call adds around it."""
+    lines = [
+        re.sub(r"\x1b\[[0-9;]*m", "", line).strip()
+        for line in str(error).splitlines()
+    ]
+    for line in lines:
+        if "cannot run here" in line or " has no " in line:
+            return line
+    return " ".join(line for line in lines if line)
+
+
 def case_orders(cases, repeats, seed=0):
     """The order the bench times its `cases` in, one permutation per repeat.
 
@@ -403,14 +418,28 @@ def case_orders(cases, repeats, seed=0):
     return [rng.permutation(cases) for _ in range(repeats)]
 
 
-def _time_all(harness, impls, modes, make_step, settings, args):
+def _time_all(harness, impls, modes, make_step, settings, args, declined):
+    """Checks, warms up, times (and profiles) every case; returns the rows.
+    A forced way the backend declines in a mode is appended to `declined`
+    (`{"impl", "mode", "reason"}`) and not timed."""
     repeats, warmup = settings["repeats"], settings["warmup"]
+    slow_repeats = getattr(args, "slow_repeats", None)
+
+    def warmups(name):
+        return 1 if slow_repeats is not None and config.is_slow(name) else warmup
+
+    def cap(name):
+        if slow_repeats is not None and config.is_slow(name):
+            return min(slow_repeats, repeats)
+        return repeats
+
     cases = [(name, mode) for mode in modes for name in impls]
     ref_needed = [(REFERENCE, m) for m in modes if (REFERENCE, m) not in cases]
     torch_ref = "torch_packed" in impls
     profile = bool(getattr(args, "profile", False))
     progress = Progress(
-        len(ref_needed) + len(cases) * (warmup + repeats + profile),
+        len(ref_needed)
+        + sum(warmups(name) + cap(name) + profile for name, _ in cases),
         not args.no_progress,
     )
 
@@ -426,11 +455,20 @@ def _time_all(harness, impls, modes, make_step, settings, args):
     # Warm-up; the first call of each case is the correctness check and
     # records which kernels ran (a trace, under tf.function / jax.jit).
     checks, calls = {}, {}
-    for name, mode in cases:
-        for i in range(warmup):
+    for name, mode in list(cases):
+        for i in range(warmups(name)):
             if i == 0:
-                with kernels.KernelRecorder() as recorder:
-                    result = steps[name, mode]()
+                try:
+                    with kernels.KernelRecorder() as recorder:
+                        result = steps[name, mode]()
+                except backends.Declined as error:
+                    if config.split_impl(name)[1] is None:
+                        raise
+                    declined.append(
+                        {"impl": name, "mode": mode, "reason": declined_reason(error)}
+                    )
+                    cases.remove((name, mode))
+                    break
                 calls[name, mode] = recorder.calls
             else:
                 result = steps[name, mode]()
@@ -449,6 +487,8 @@ def _time_all(harness, impls, modes, make_step, settings, args):
     ):
         for i in permutation:
             name, mode = cases[i]
+            if len(times[name, mode]) >= cap(name):
+                continue
             step = steps[name, mode]
             start = time.perf_counter()
             result = step()
@@ -496,7 +536,7 @@ def _time_all(harness, impls, modes, make_step, settings, args):
                 max_abs_diff(g, r) for g, r in zip(grads[:n], ref_grads[:n])
             )
             row["grad_diff_covers"] = "inputs" if n == 1 else "inputs+weights"
-        if torch_ref and name in config.OURS:
+        if torch_ref and config.is_ours(name):
             row["max_abs_diff_torch_packed"] = max_abs_diff(out, packed_ref[mode][0])
             if grads is not None:
                 row["max_abs_grad_diff_torch_packed"] = max_abs_diff(

@@ -1,0 +1,562 @@
+"""The GPU check of maskedrnn: one command per backend, within a time budget.
+
+On the GPU machine (../shared/gpu/README.md: torch and JAX, no TensorFlow,
+keras from the carried `.whl/` folder), one command per backend:
+
+    KERAS_BACKEND=torch python3 scripts/gpu_check.py --backend torch \\
+        --budget-s 300 --out "$OUT"
+    KERAS_BACKEND=jax python3 scripts/gpu_check.py --backend jax \\
+        --budget-s 240 --out "$OUT"
+
+and on any machine the rehearsal of every section at tiny sizes (CI,
+tests/test_gpu_check.py):
+
+    python scripts/gpu_check.py --backend torch --budget-s 120 --out DIR \\
+        --device cpu --quick
+
+Sections, in order, each written to the JSON as soon as it ends:
+
+- `environment`: versions, the device, cuDNN, the TF32 flags (torch) or
+  JAX's default matmul precision, the ways the backend offers;
+- `correctness` (TF32 off / JAX `"highest"`): every way of ours against
+  Keras' masked layer and PyTorch's packed module (`scripts/gpu_parity.py`),
+  tolerances asserted;
+- `timings` (the default TF32 setting, recorded): `maskedrnn.bench` cases,
+  each in the bench's JSON form (`config`, `environment`, `rows`,
+  `ratios`), with every way the backend offers forced as rows of its own
+  (`--way`), Keras' masked layer timed at most 3 times (`--slow-repeats`);
+- `tests`: a GPU smoke subset of the test suite in a subprocess (at most
+  2 minutes; pytest-timeout where installed).
+
+Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
+`mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
+timing case), B=6 T=7 D=3 U=4 (the edge batch). `--quick`: every section
+at tiny sizes, 4 of the 32 correctness cases (each value of each factor)
+and 2 timing cases (pre-padded; post-padded and long).
+
+The budget: the check stops itself before `--budget-s` seconds (counted
+from its start). The tests get up to min(120 s, 30% of the budget) at the
+end; of the time before them, correctness gets up to 45%, the timings the
+rest. Before each case it estimates the case's time from the
+cases before it and skips what would not fit; a case still running at its
+section's deadline is interrupted (a timer); both are recorded under the
+section's `skipped`. The JSON is rewritten (atomically) after every case,
+so a check killed from outside still leaves its results.
+
+Files in `--out` (at most 3): `gpu_check-<backend>.json` (everything),
+`gpu_check-<backend>.log` (what was printed, the bench tables and the
+tests' output) and `gpu_check-<backend>-profile.txt` (the kernels the
+profiler saw in the first timing case).
+
+Exit status: 0 when every comparison passed and the tests passed (skipped
+work included); 1 when a comparison failed, a case raised or a test failed;
+2 for bad arguments.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+
+START = time.monotonic()
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's package, not an installed one
+
+# Sizes of the cases (batch, time, features, units), repeats and warm-up.
+SIZES = {
+    False: {
+        "main": dict(batch=64, time=100, features=512, units=512),
+        "long": dict(batch=64, time=1000, features=256, units=256),
+        "edge": dict(batch=6, time=7, features=3, units=4),
+        "repeats": {"main": (30, 3), "long": (10, 2)},
+        "slow_repeats": {"main": 3, "long": 1},
+        "tests_s": 120,
+    },
+    True: {  # --quick
+        "main": dict(batch=4, time=6, features=3, units=4),
+        "long": dict(batch=4, time=20, features=3, units=4),
+        "edge": dict(batch=6, time=7, features=3, units=4),
+        "repeats": {"main": (2, 1), "long": (2, 1)},
+        "slow_repeats": {"main": 1, "long": 1},
+        "tests_s": 120,
+    },
+}
+# The smoke subset: what a GPU changes (devices, cuDNN, profiles, saving on
+# the GPU and loading on a CPU) without the long parametrized grids.
+SMOKE = [
+    "tests/test_bench_kernels.py",
+    "tests/test_gpu_to_cpu.py",
+    "tests/test_final_state.py",
+    "tests/test_backends.py",
+    "tests/test_precision.py",
+    "tests/test_masked_bidirectional.py::test_gradients_match_keras",
+    "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
+]
+SMOKE_TORCH = ["tests/test_torch_kernels.py"]
+SMOKE_QUICK = [
+    "tests/test_bench_kernels.py::test_profile_runs_and_says_what_it_saw",
+    "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
+]
+SECTIONS = ("environment", "correctness", "timings", "tests")
+# Share of the time before the tests that the correctness section may use.
+CORRECTNESS_SHARE = 0.45
+
+
+class OutOfTime(BaseException):
+    """A section's deadline passed (a `BaseException`, so that no
+    `except Exception` on the way swallows it)."""
+
+
+class Budget:
+    """The clock of the check: `end` is `--budget-s` after the start, less
+    a reserve for writing the files."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.reserve = min(5.0, 0.05 * seconds)
+        self.end = START + seconds - self.reserve
+
+    def left(self, deadline=None):
+        return min(deadline or self.end, self.end) - time.monotonic()
+
+    @contextlib.contextmanager
+    def limit(self, deadline):
+        """Raises `OutOfTime` in the block when `deadline` passes, and again
+        every half second after it (a library's bare `except:` may swallow
+        one)."""
+        left = self.left(deadline)
+        if left <= 0:
+            raise OutOfTime()
+
+        def expired(signum, frame):
+            raise OutOfTime()
+
+        previous = signal.signal(signal.SIGALRM, expired)
+        signal.setitimer(signal.ITIMER_REAL, left, 0.5)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+class Check:
+    """The results (one JSON, rewritten after every case) and the log."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = pathlib.Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        stem = f"gpu_check-{args.backend}"
+        self.json_path = self.out / f"{stem}.json"
+        self.log_path = self.out / f"{stem}.log"
+        self.profile_path = self.out / f"{stem}-profile.txt"
+        self.log_path.write_text("")
+        self.budget = Budget(args.budget_s)
+        self.failures = []
+        self.results = {
+            "command": sys.argv,
+            "budget_s": args.budget_s,
+            "device": args.device,
+            "quick": args.quick,
+            "status": "running",
+        }
+
+    def log(self, text):
+        text = f"{time.monotonic() - START:6.1f}s {text}"
+        print(text, flush=True)
+        with open(self.log_path, "a") as f:
+            f.write(text + "\n")
+
+    def flush(self):
+        self.results["elapsed_s"] = round(time.monotonic() - START, 2)
+        self.results["failures"] = self.failures
+        tmp = self.json_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.results, indent=1, default=str))
+        os.replace(tmp, self.json_path)
+
+    def run_cases(self, section, cases, run_one, deadline, cost):
+        """Runs `run_one(name, case)` for each `(name, case)` before
+        `deadline`, skipping a case whose estimated time (`cost(case)`
+        units at the measured seconds per unit so far) would not fit."""
+        record = self.results[section]
+        record.update(cases=[], skipped=[])
+        per_unit = None
+        for name, case in cases:
+            left = self.budget.left(deadline)
+            estimate = None if per_unit is None else 1.2 * per_unit * cost(case)
+            if left <= 0 or (estimate is not None and estimate > left):
+                why = (
+                    f"estimated {estimate:.0f} s, {max(left, 0):.0f} s left"
+                    if estimate is not None
+                    else "no time left"
+                )
+                record["skipped"].append({"name": name, "why": why})
+                self.log(f"[{section}] skipped {name}: {why}")
+                continue
+            started = time.monotonic()
+            try:
+                with self.budget.limit(deadline):
+                    result = run_one(name, case)
+            except OutOfTime:
+                seconds = time.monotonic() - started
+                why = f"interrupted at the section's deadline after {seconds:.0f} s"
+                record["skipped"].append({"name": name, "why": why})
+                self.log(f"[{section}] {name}: {why}")
+                self.flush()
+                continue
+            except Exception:  # recorded, counted as a failure
+                text = traceback.format_exc()
+                record["cases"].append({"name": name, "error": text})
+                self.failures.append(f"{section} {name}: raised")
+                self.log(f"[{section}] {name} raised:\n{text}")
+                self.flush()
+                continue
+            seconds = time.monotonic() - started
+            per_unit = seconds / max(cost(case), 1e-9)
+            result["seconds"] = round(seconds, 2)
+            record["cases"].append(result)
+            self.flush()
+        self.flush()
+
+
+def environment(check, backend, gpu):
+    """The `environment` section (the bench's, plus the precision flags)."""
+    import keras
+
+    from maskedrnn import backends
+    from maskedrnn.bench import report, timing
+
+    harness = timing.backend_module(backend).Harness(gpu)
+    env = report.environment(backend, harness)
+    env["ways"] = list(backends.current().WAYS)
+    env["python_executable"] = sys.executable
+    env["keras_backend"] = keras.backend.backend()
+    env["pytest_timeout"] = importlib.util.find_spec("pytest_timeout") is not None
+    env["hypothesis"] = importlib.util.find_spec("hypothesis") is not None
+    env.update(precision(backend))
+    env["nvidia_smi"] = _command(
+        ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv"]
+    )
+    env["git_head"] = _command(["git", "-C", str(ROOT), "rev-parse", "HEAD"])
+    return env
+
+
+def _command(argv):
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"not run: {type(e).__name__}: {e}"
+    return (done.stdout + done.stderr).strip()
+
+
+def precision(backend):
+    """The settings that decide float32 matmul precision."""
+    if backend == "torch":
+        import torch
+
+        return {
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        }
+    import jax
+
+    return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision}
+
+
+@contextlib.contextmanager
+def exact_float32(backend):
+    """TF32 off (torch) / JAX's `"highest"` matmul precision in the block."""
+    if backend == "torch":
+        import torch
+
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved[0]
+            torch.backends.cudnn.allow_tf32 = saved[1]
+        return
+    import jax
+
+    saved = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "highest")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_default_matmul_precision", saved)
+
+
+def correctness(check, backend, device, deadline):
+    import gpu_parity
+
+    sizes = SIZES[check.args.quick]
+    runner = gpu_parity.Runner(backend, device)
+    check.results["correctness"] = {
+        "tolerance": gpu_parity.TOLERANCE,
+        "oracles": ["keras_masked"] + (["torch_packed"] if backend == "torch" else []),
+    }
+    with exact_float32(backend):
+        check.results["correctness"]["precision"] = precision(backend)
+
+        def run_one(name, case):
+            record = gpu_parity.run_case(name, case, runner, backend, device)
+            verdict = "ok" if record["ok"] else "FAILED"
+            declined = [w for w in record["ways"] if "declined" in w]
+            check.log(
+                f"[correctness] {name}: {verdict} ({len(record['ways'])} "
+                f"way/mode runs, {len(declined)} declined)"
+            )
+            if not record["ok"]:
+                check.failures.append(f"correctness {name}")
+                for entry in record["ways"]:
+                    if entry.get("ok") is False:
+                        check.log(f"  {json.dumps(entry)}")
+            return record
+
+        def cost(case):
+            return relative_cost(case, sizes["main"])
+
+        cases = gpu_parity.cases(sizes["main"], sizes["edge"], check.args.quick)
+        check.run_cases("correctness", cases, run_one, deadline, cost)
+
+
+def relative_cost(size, main):
+    """A case's expected time, in units of a fixed part (compiling, Keras'
+    Python, launching: about as much as the arithmetic of the check's
+    size) plus its arithmetic relative to the check's size."""
+
+    def work(s):
+        return s["batch"] * s["time"] * s["units"] * (s["features"] + s["units"])
+
+    return 1 + work(size) / work(main)
+
+
+def timing_cases(quick):
+    """`(name, bench options, size, profile)`, most telling first (`quick`:
+    pre- and post-padded, and long, in two cases)."""
+    if quick:
+        return [("lstm-pre", [], "main", True), ("gru-long-post", [], "long", False)]
+    found = []
+    for padding in ("pre", "post"):
+        for cell in ("lstm", "gru"):
+            found.append((f"{cell}-{padding}", [], "main", not found))
+    for cell in ("lstm", "gru"):
+        found.append((f"{cell}-pre-state", ["--return-state"], "main", False))
+    for cell in ("lstm", "gru"):
+        found.append((f"{cell}-long-pre", [], "long", False))
+    for cell in ("lstm", "gru"):
+        found.append((f"rnn-{cell}-pre", ["--layer", "rnn"], "main", False))
+    return found
+
+
+def timings(check, backend, device, deadline):
+    from maskedrnn import backends
+    from maskedrnn.bench import build_parser, format_table
+    from maskedrnn.bench import run as bench_run
+
+    sizes = SIZES[check.args.quick]
+    check.results["timings"] = {
+        "precision": precision(backend),
+        "ways": list(backends.current().WAYS),
+    }
+    cases = []
+    for name, extra, size, profile in timing_cases(check.args.quick):
+        cell = name.split("-")[1] if name.startswith("rnn-") else name.split("-")[0]
+        padding = "post" if "-post" in name else "pre"
+        repeats, warmup = sizes["repeats"][size]
+        argv = ["--cell", cell, "--padding", padding, "--mode", "both"]
+        argv += [f"--{k}={v}" for k, v in sizes[size].items()]
+        argv += ["--repeats", str(repeats), "--warmup", str(warmup)]
+        argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
+        argv += ["--way", *backends.current().WAYS, "--no-progress"]
+        argv += ["--device", device, *extra] + (["--profile"] if profile else [])
+        cost = relative_cost(sizes[size], sizes["main"])
+        cases.append((name, {"argv": argv, "cost": cost, "profile": profile}))
+
+    def run_one(name, case):
+        results = bench_run(build_parser().parse_args(case["argv"]))
+        table = format_table(results)
+        command = " ".join(case["argv"])
+        check.log(f"[timings] {name}: python -m maskedrnn.bench {command}")
+        check.log(table)
+        if case["profile"]:
+            write_profile(check, name, results)
+        return {"name": name, "argv": case["argv"], "results": results}
+
+    check.run_cases("timings", cases, run_one, deadline, lambda c: c["cost"])
+
+
+def write_profile(check, name, results):
+    """The profiler's view of one timing case, every kernel by name."""
+    from maskedrnn.bench import kernels
+
+    lines = [f"profile of timing case {name} ({results['environment']['device']})"]
+    for row in results["rows"]:
+        p = row.get("profile", {})
+        lines.append(f"\n{row['mode']} {row['impl']}: {p.get('tool')} {p.get('note')}")
+        if "cuda_kernels" in p:
+            cudnn = ", ".join(kernels.cudnn_rnn_kernels(p)) or "none"
+            lines.append(f"  cuDNN RNN kernels: {cudnn}")
+        for kind in ("cuda_kernels", "cuda_kernels_top", "rnn_ops"):
+            for k in p.get(kind, []):
+                lines.append(f"  {kind:<17} x{k['count']:<5} {k['name']}")
+    check.profile_path.write_text("\n".join(lines) + "\n")
+
+
+def smoke_tests(check, backend, device):
+    """Runs the smoke subset in a subprocess, its output into the log."""
+    quick = check.args.quick
+    selection = SMOKE_QUICK if quick else SMOKE + (
+        SMOKE_TORCH if backend == "torch" else []
+    )
+    left = check.budget.left() - 2
+    limit = min(SIZES[quick]["tests_s"], left)
+    record = check.results["tests"] = {"selection": selection}
+    if limit < 10:
+        record["skipped"] = f"no time left ({max(left, 0):.0f} s)"
+        check.log(f"[tests] skipped: {record['skipped']}")
+        return
+    # -v: a test per line, so that a run stopped at its limit still says
+    # which tests passed.
+    argv = [sys.executable, "-m", "pytest", "-q" if quick else "-v"]
+    argv += ["-p", "no:cacheprovider", "-rfEs"]
+    argv += ["--durations=10"]
+    if importlib.util.find_spec("xdist") is not None:
+        argv += ["-n", "0"]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        argv += ["--timeout", str(int(max(limit / 2, 5)))]
+    argv += selection
+    env = dict(os.environ, KERAS_BACKEND=backend)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    if device == "cpu":
+        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    record.update(argv=argv[1:], limit_s=round(limit, 1))
+    check.log(f"[tests] {' '.join(argv[1:])} (limit {limit:.0f} s)")
+    offset = check.log_path.stat().st_size
+    started = time.monotonic()
+    with open(check.log_path, "a") as log:
+        try:
+            done = subprocess.run(
+                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                timeout=limit,
+            )
+            record["returncode"] = done.returncode
+        except subprocess.TimeoutExpired:
+            record["returncode"] = None
+            record["skipped"] = f"stopped at the {limit:.0f} s limit"
+    record["seconds"] = round(time.monotonic() - started, 1)
+    with open(check.log_path) as f:
+        f.seek(offset)
+        output = f.read()
+    record["summary"] = [
+        line for line in output.splitlines()
+        if " passed" in line or " failed" in line or " error" in line
+    ][-1:]
+    record["output_tail"] = output[-4000:]
+    if record["returncode"] not in (0, None):
+        check.failures.append(f"tests: pytest exit {record['returncode']}")
+    check.log(f"[tests] exit {record['returncode']} in {record['seconds']} s")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="scripts/gpu_check.py",
+        description="The GPU check: environment, correctness, timings and a "
+        "test subset on one backend, within a time budget.",
+    )
+    parser.add_argument("--backend", choices=("torch", "jax"), required=True)
+    parser.add_argument("--budget-s", type=float, required=True,
+                        help="stop before this many seconds from the start")
+    parser.add_argument("--out", required=True, help="folder for the (<= 3) files")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                        help="auto (default): the GPU if the backend sees one")
+    parser.add_argument("--quick", action="store_true",
+                        help="every section at tiny sizes (the CI rehearsal)")
+    args = parser.parse_args(argv)
+    if args.budget_s <= 0:
+        parser.error(f"--budget-s must be > 0; got {args.budget_s}.")
+    asked = os.environ.get("KERAS_BACKEND")
+    if asked and asked != args.backend:
+        parser.error(
+            f"--backend {args.backend} but KERAS_BACKEND={asked}: set them alike "
+            "(or leave KERAS_BACKEND unset)."
+        )
+    return args
+
+
+def start(check, args):
+    """Imports Keras, picks the device and fills `environment`; returns
+    `"gpu"` or `"cpu"`, or None when `--device gpu` finds none."""
+    import keras
+
+    from maskedrnn.bench import gpu_available
+
+    keras.utils.set_random_seed(0)
+    gpu_here = gpu_available(args.backend)
+    if args.device == "gpu" and not gpu_here:
+        check.results["status"] = "no GPU visible"
+        check.log(f"--device gpu: the {args.backend} backend sees no GPU.")
+        check.flush()
+        return None
+    device = "gpu" if gpu_here and args.device != "cpu" else "cpu"
+    check.results["device"] = device
+    check.results["environment"] = environment(check, args.backend, device == "gpu")
+    check.log(f"[environment] {json.dumps(check.results['environment'])}")
+    check.flush()
+    return device
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.environ["KERAS_BACKEND"] = args.backend
+    check = Check(args)
+    check.log(f"gpu_check {args.backend}: budget {args.budget_s} s, {platform.node()}")
+    check.flush()
+    try:
+        with check.budget.limit(check.budget.end):
+            device = start(check, args)
+    except OutOfTime:
+        why = "the budget ran out while Keras and the backend started"
+        check.results["status"] = "out of time"
+        for section in SECTIONS:
+            check.results.setdefault(section, {})["skipped"] = why
+        check.log(f"gpu_check {args.backend}: {why}")
+        check.flush()
+        return 0
+    if device is None:
+        return 2
+    tests_s = min(SIZES[args.quick]["tests_s"], 0.3 * args.budget_s)
+    before_tests = check.budget.end - tests_s
+    split = time.monotonic() + CORRECTNESS_SHARE * (before_tests - time.monotonic())
+    import keras
+
+    with keras.device(device):
+        correctness(check, args.backend, device, split)
+        timings(check, args.backend, device, before_tests)
+    smoke_tests(check, args.backend, device)
+    check.results["status"] = "failed" if check.failures else "passed"
+    check.flush()
+    check.log(
+        f"gpu_check {args.backend}: {check.results['status']} in "
+        f"{time.monotonic() - START:.0f} s of {args.budget_s} s"
+        + "".join(f"\n  failure: {f}" for f in check.failures)
+    )
+    return 1 if check.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

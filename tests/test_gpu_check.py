@@ -1,0 +1,213 @@
+"""`scripts/gpu_check.py`: the GPU check, rehearsed on a CPU.
+
+The check runs on a GPU machine CI does not have, within a time budget and
+a limit on the files it may return. Its rehearsal (`--device cpu --quick`:
+every section at tiny sizes) runs here once per backend, in a fresh
+process, and must: exit 0, write at most 6 files, fill every section
+(environment, correctness of every way the backend offers, timings in the
+bench's JSON form, the test subset), and write JSON that the bench's own
+readers (`format_table`, `markdown_table`, `--from-json`) read. A second
+run with a budget too small for the work must stop before the budget,
+say what it skipped and why, and still exit 0 with its JSON written.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import keras
+import pytest
+
+from maskedrnn import backends, bench
+
+BACKEND = keras.backend.backend()
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+SECTIONS = ("environment", "correctness", "timings", "tests")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        BACKEND not in ("torch", "jax"),
+        reason="the GPU machine has torch and JAX, no TensorFlow",
+    ),
+]
+
+
+def gpu_parity():
+    """The module `scripts/gpu_parity.py` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_parity", ROOT / "scripts" / "gpu_parity.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rehearse(folder, budget):
+    """Runs the rehearsal into `folder`; `(process, wall seconds, JSON)`."""
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--backend", BACKEND, "--budget-s",
+         str(budget), "--out", str(folder), "--device", "cpu", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=budget + 120,
+    )
+    wall = time.monotonic() - started
+    path = folder / f"gpu_check-{BACKEND}.json"
+    results = json.loads(path.read_text()) if path.exists() else None
+    return done, wall, results
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpu_check")
+    # Ample: it finishes long before on any machine; only a loaded one
+    # needs more than a few minutes (JAX compiles every case).
+    return (*rehearse(folder, 900), folder)
+
+
+def test_rehearsal_passes_within_the_file_limit(rehearsal):
+    done, wall, results, folder = rehearsal
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p.name for p in folder.iterdir())
+    assert len(files) <= 6, files
+    assert f"gpu_check-{BACKEND}.json" in files and f"gpu_check-{BACKEND}.log" in files
+    assert results["status"] == "passed" and results["failures"] == []
+    assert all(section in results for section in SECTIONS)
+    assert results["elapsed_s"] < results["budget_s"]
+    log = (folder / f"gpu_check-{BACKEND}.log").read_text()
+    assert "[tests] exit 0" in log and "passed" in log  # pytest's output is there
+
+
+def test_environment_says_versions_device_and_precision(rehearsal):
+    env = rehearsal[2]["environment"]
+    assert env["device"] == "cpu" and env["keras_backend"] == BACKEND
+    assert env["ways"] == list(backends.current().WAYS)
+    if BACKEND == "torch":
+        assert {"torch", "tf32_matmul", "tf32_cudnn"} <= set(env)
+    else:
+        assert {"jax", "jaxlib", "jax_default_matmul_precision"} <= set(env)
+
+
+def test_correctness_checks_every_way_of_every_case(rehearsal):
+    section = rehearsal[2]["correctness"]
+    assert section["skipped"] == []
+    assert section["precision"] == (
+        {"tf32_matmul": False, "tf32_cudnn": False,
+         "float32_matmul_precision": section["precision"].get(
+             "float32_matmul_precision")}
+        if BACKEND == "torch"
+        else {"jax_default_matmul_precision": "highest"}
+    )
+    cases = section["cases"]
+    # --quick: each value of each factor (LSTM, GRU x MaskedBidirectional,
+    # MaskedRNN x mask=/lengths= x states x the check's size and the edge
+    # batch) in 4 of the 32 cases.
+    assert sorted(c["name"] for c in cases) == sorted(gpu_parity().QUICK)
+    for factor in ("cell", "layer", "how", "states", "edge"):
+        assert len({str(c["case"][factor]) for c in cases}) == 2, factor
+    for case in cases:
+        assert case["ok"], case
+        ways = {w["way"] for w in case["ways"]}
+        assert ways == {"default", *backends.current().WAYS}
+        checked = [w for w in case["ways"] if "diffs" in w]
+        assert checked and all(w["ok"] for w in checked)
+        for w in case["ways"]:
+            assert ("diffs" in w) != ("declined" in w or "skipped" in w), w
+        train = [w for w in checked if w["mode"] == "train"]
+        assert train and all(
+            {"grad_inputs", "grad_weights", "grad_initial_state"} <= set(w["diffs"])
+            for w in train
+        )
+        if BACKEND == "torch" and case["case"]["edge"] is False:
+            assert case["torch_packed_vs_keras_masked"]["ok"]
+            assert all("diffs_torch_packed" in w for w in checked)
+
+
+def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
+    section = rehearsal[2]["timings"]
+    assert section["skipped"] == [] and len(section["cases"]) == 2
+    ways = backends.current().WAYS
+    paddings = set()
+    for case in section["cases"]:
+        results = case["results"]
+        assert set(results) >= {"config", "environment", "rows", "ratios"}
+        assert results["environment"]["device"] == "cpu"
+        assert results["config"]["modes"] == ["train", "infer"]
+        paddings.add(results["config"]["padding"])
+        # The bench's own readers take it as they take its --json files.
+        table = bench.format_table(results)
+        bench.report.markdown_table(results)
+        path = tmp_path / f"{case['name']}.json"
+        path.write_text(json.dumps(results))
+        capsys.readouterr()
+        bench.main(["--from-json", str(path)])
+        assert capsys.readouterr().out.strip() == table.strip()
+        rows = {(r["impl"], r["mode"]) for r in results["rows"]}
+        declined = {(d["impl"], d["mode"]) for d in results.get("declined", [])}
+        for way in ways:
+            for mode in ("train", "infer"):
+                assert (f"maskedrnn:{way}", mode) in rows | declined, (way, mode)
+        assert {"keras_masked", "keras_unmasked"} <= {impl for impl, _ in rows}
+        if BACKEND == "torch":
+            assert {"torch_packed", "torch_unpacked"} <= {impl for impl, _ in rows}
+        for row in results["rows"]:
+            if bench.config.is_slow(row["impl"]):
+                assert len(row["times_ms"]) <= 3
+    assert paddings == {"pre", "post"}
+    assert any(c["results"]["config"]["time"] > 6 for c in section["cases"])  # long
+
+
+def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
+    budget = 25
+    done, wall, results = rehearse(tmp_path, budget)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert results is not None and all(s in results for s in SECTIONS)
+    assert results["elapsed_s"] < budget
+    assert wall < budget + 15  # the interpreter's start and exit
+    if results["status"] == "out of time":  # while Keras started (a busy machine)
+        assert all(results[s]["skipped"] for s in SECTIONS), results
+    else:
+        assert results["status"] == "passed"
+        skipped = (
+            results["correctness"]["skipped"]
+            + results["timings"]["skipped"]
+            + ([results["tests"]["skipped"]] if "skipped" in results["tests"] else [])
+        )
+        assert skipped, results
+        for entry in results["correctness"]["skipped"] + results["timings"]["skipped"]:
+            assert entry["why"] and entry["name"]
+    assert len(list(tmp_path.iterdir())) <= 6
+
+
+def test_a_wrong_result_fails_its_case(monkeypatch):
+    """The correctness section's comparisons catch a wrong layer: ours
+    given other weights than the oracles' differs beyond the tolerances,
+    for every way that runs, and the case is not ok."""
+    parity = gpu_parity()
+    build_pair = parity.build_pair
+
+    def wrong_pair(case):
+        ours, ref = build_pair(case)
+        ours.set_weights([w * 1.5 for w in ref.get_weights()])
+        return ours, ref
+
+    monkeypatch.setattr(parity, "build_pair", wrong_pair)
+    name = "edge-lstm-bidirectional-mask_pre-states"
+    case = dict(parity.cases(parity.EDGE, parity.EDGE))[name]
+    runner = parity.Runner(BACKEND, "cpu")
+    record = parity.run_case(name, case, runner, BACKEND, "cpu")
+    assert record["ok"] is False
+    checked = [w for w in record["ways"] if "diffs" in w]
+    assert checked and not any(w["ok"] for w in checked)
+    for w in checked:
+        assert w["diffs"]["outputs"] > parity.TOLERANCE["outputs"]
