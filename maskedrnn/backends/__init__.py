@@ -26,6 +26,10 @@ The ways, by name (`WAYS`):
   (torch on CPU, no gradient recorded);
 - `"torch-unpacked"`: PyTorch's unpacked kernel over zero-padded
   valid-first data (torch on CPU);
+- `"tf-block-lstm"`: TensorFlow's fused LSTM kernel
+  (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
+  final states read from its per-step outputs (TensorFlow, an LSTM with
+  Keras' default activations, float32 or float16, no XLA);
 - `"keras-unmasked"`: the Keras inner layer called with no mask on
   valid-first data, so its backend may pick a fused kernel (cuDNN);
 - `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
@@ -38,7 +42,8 @@ order) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
 direction`). `kernel_info()` and `uses_fast_path` are read from a plan too.
 `force(way)` makes every plan in its block take `way` (for tests and
 comparisons; a way the backend cannot run here raises `Declined`);
-`record()` collects the plans made in its block (what a model ran).
+`record()` collects the plans made in its block (what a model ran);
+`portable()` keeps its block to ways every exporter converts.
 """
 
 import contextlib
@@ -47,12 +52,19 @@ import importlib
 
 import keras
 
-WAYS = ("torch-packed", "torch-unpacked", "keras-unmasked", "keras-masked")
+WAYS = (
+    "torch-packed",
+    "torch-unpacked",
+    "tf-block-lstm",
+    "keras-unmasked",
+    "keras-masked",
+)
 ROUTES = ("torch", "masked_loop", "valid_first")
 
 _KNOWN = ("tensorflow", "jax", "torch")
 _FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
 _RECORDS = contextvars.ContextVar("maskedrnn_plan_records", default=())
+_PORTABLE = contextvars.ContextVar("maskedrnn_portable", default=False)
 _MODULES = {}
 
 
@@ -137,6 +149,38 @@ def force(way):
         yield
     finally:
         _FORCED.reset(token)
+
+
+@contextlib.contextmanager
+def portable():
+    """Makes the plans made in the block use only ways that export anywhere.
+
+    For exports read by converters that know only the ops of Keras' own
+    layers: LiteRT's built-in ops and tf2onnx have no
+    `tf.raw_ops.BlockLSTMV2`, so in the block an LSTM on TensorFlow runs
+    Keras' layer (`"keras-unmasked"` or `"keras-masked"`) instead of
+    `"tf-block-lstm"`. `maskedrnn.export.export_litert` and
+    `maskedrnn.export.export_onnx` trace the model in this block; a
+    TensorFlow SavedModel needs none (TensorFlow runs the op). The other
+    backends have only portable ways: the block changes nothing there.
+
+    Example:
+
+    ```python
+    with maskedrnn.backends.portable():
+        model.export("tagger.onnx", format="onnx")
+    ```
+    """
+    token = _PORTABLE.set(True)
+    try:
+        yield
+    finally:
+        _PORTABLE.reset(token)
+
+
+def portable_only():
+    """True inside a `portable()` block."""
+    return _PORTABLE.get()
 
 
 def forced():
