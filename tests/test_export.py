@@ -8,8 +8,16 @@ batch size and another time length (dynamic shapes). The model
 from `Embedding(mask_zero=True)` and an explicit `lengths` input, and outputs
 the exact LSTM final states.
 
+On a TensorFlow CPU the model's LSTM runs TensorFlow's fused `BlockLSTMV2`
+(`"tf-block-lstm"`): the SavedModel keeps that op (TensorFlow runs it), and
+LiteRT and ONNX, whose converters lack it, are exported inside
+`maskedrnn.backends.portable()` (Keras' own LSTM; `export_litert` does it
+itself). Which way each export traced is read from
+`maskedrnn.backends.record()`.
+
 Limits are pinned by tests too: LiteRT needs a fixed batch size (the
 dynamic-batch file needs the Flex delegate, which `ai-edge-litert` lacks),
+tf2onnx has no `BlockLSTMV2` (an ONNX export outside `portable()` fails),
 and a JAX-backend SavedModel export needs a fixed time length until
 `maskedrnn.ops.linear_recurrence_last` handles a symbolic time axis.
 
@@ -33,6 +41,7 @@ import numpy as np
 import pytest
 
 import maskedrnn.export as mexport
+from maskedrnn import backends
 from tests.helpers import run_module_on_backend
 from tests.test_deploy import build_model, make_batch, predict
 
@@ -104,10 +113,35 @@ def batches(model):
     return out
 
 
+def ways_traced(plans):
+    return {d.way for p in plans for d in p.directions}
+
+
+def block_lstm_here():
+    """Whether the model's LSTM runs `BlockLSTMV2` by default here (a
+    TensorFlow CPU)."""
+    if BACKEND != "tensorflow":
+        return False
+    return not backends.current().has_fused_rnn_kernel()
+
+
 @pytest.fixture(scope="module")
 def saved_model_dir(model, tmp_path_factory):
     path = tmp_path_factory.mktemp("export") / "saved_model"
-    model.export(path, format="tf_saved_model", verbose=False)
+    with backends.record() as plans:
+        model.export(path, format="tf_saved_model", verbose=False)
+    assert ("tf-block-lstm" in ways_traced(plans)) == block_lstm_here()
+    return path
+
+
+@pytest.fixture(scope="module")
+def portable_saved_model_dir(model, tmp_path_factory):
+    """The SavedModel traced inside `maskedrnn.backends.portable()`: Keras'
+    own LSTM, what the LiteRT converter reads."""
+    path = tmp_path_factory.mktemp("export") / "portable_saved_model"
+    with backends.portable(), backends.record() as plans:
+        model.export(path, format="tf_saved_model", verbose=False)
+    assert "tf-block-lstm" not in ways_traced(plans)
     return path
 
 
@@ -142,7 +176,9 @@ def test_saved_model_matches_keras(saved_model_dir, batches):
 @pytest.mark.slow
 def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
     interpreter = require("ai_edge_litert.interpreter")
-    path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
+    with backends.record() as plans:
+        path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
+    assert plans and "tf-block-lstm" not in ways_traced(plans)
     lite = interpreter.Interpreter(model_path=path)
     details = {d["name"]: d for d in lite.get_input_details()}
     shapes = {
@@ -165,7 +201,9 @@ def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
 
 @tf_only
 @pytest.mark.slow
-def test_litert_dynamic_batch_needs_the_flex_delegate(saved_model_dir, batches):
+def test_litert_dynamic_batch_needs_the_flex_delegate(
+    portable_saved_model_dir, batches
+):
     """Limit: with a dynamic batch, Keras' RNN loop (a TensorArray of
     `(batch, units)` steps) does not lower to TFLite built-in ops; allowing
     TensorFlow ops converts, but the LiteRT interpreter has no Flex delegate
@@ -174,7 +212,9 @@ def test_litert_dynamic_batch_needs_the_flex_delegate(saved_model_dir, batches):
     import tensorflow as tf
 
     def convert(ops):
-        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir))
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            str(portable_saved_model_dir)
+        )
         converter.target_spec.supported_ops = ops
         return converter.convert()
 
@@ -242,7 +282,9 @@ def test_onnx_matches_keras(model, batches, tmp_path):
     ort = require("onnxruntime")
     require("tf2onnx")
     path = tmp_path / "m.onnx"
-    model.export(path, format="onnx", verbose=False)
+    with backends.portable(), backends.record() as plans:
+        model.export(path, format="onnx", verbose=False)
+    assert plans and "tf-block-lstm" not in ways_traced(plans)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     assert sorted(inputs) == sorted(INPUTS)
@@ -252,6 +294,22 @@ def test_onnx_matches_keras(model, batches, tmp_path):
     for name, (x, expected) in batches.items():
         outputs = session.run(None, x)
         assert_matches_keras(outputs, expected, f"ONNX, {name}")
+
+
+@tf_only
+@pytest.mark.slow
+def test_onnx_outside_portable_has_the_unsupported_op(model, tmp_path):
+    """Limit: tf2onnx has no `BlockLSTMV2`; it writes the TensorFlow op into
+    the file (with a warning), which ONNX Runtime refuses to load. Hence
+    `maskedrnn.backends.portable()` around an ONNX export."""
+    if not block_lstm_here():
+        pytest.skip("the LSTM runs Keras' layer here (a GPU): nothing to convert")
+    ort = require("onnxruntime")
+    require("tf2onnx")
+    path = tmp_path / "m.onnx"
+    model.export(path, format="onnx", verbose=False)
+    with pytest.raises(Exception, match="BlockLSTMV2"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 # ------------------------------------------------- SavedModel from JAX
