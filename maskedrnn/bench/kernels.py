@@ -19,7 +19,10 @@ tells apart
   (over valid-first data) and `run_direction` (a whole direction from the
   caller's order), labelled "torch native kernel"; a GRU or SimpleRNN with
   gradients recorded runs `torch_kernels.GRUFunction` / `SimpleRNNFunction` there
-  (PyTorch's equations in torch ops), under the same label.
+  (PyTorch's equations in torch ops), under the same label;
+- on the TensorFlow backend, TensorFlow's fused LSTM kernel run by
+  `maskedrnn.backends.tensorflow_block_lstm.run` (the `"tf-block-lstm"`
+  way), labelled "tf BlockLSTMV2 kernel".
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -85,6 +88,11 @@ def _targets():
         # Both call PyTorch's kernels; one label for both.
         for name in ("run_native", "run_direction"):
             targets.append((torch_backend, name, "torch native kernel", False, False))
+    if backend == "tensorflow":
+        from maskedrnn.backends import tensorflow_block_lstm
+
+        label = "tf BlockLSTMV2 kernel"
+        targets.append((tensorflow_block_lstm, "run", label, False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 
