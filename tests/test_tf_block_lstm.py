@@ -258,6 +258,7 @@ def test_kernel_info_says_it_runs_and_why_not_elsewhere():
         (keras.layers.LSTM(U, recurrent_dropout=0.1), "recurrent_dropout"),
         (keras.layers.LSTM(U, dtype="float64"), "float64 and BlockLSTMV2"),
         (keras.layers.LSTM(U, unroll=True), "unroll=True"),
+        (keras.layers.LSTM(U, use_cudnn=False), "use_cudnn=False"),
         (keras.layers.GRU(U), "keras.layers.LSTM only"),
     ]
     for inner, reason in cases:
@@ -286,6 +287,26 @@ def test_declined_cases_raise_when_forced_and_unroll_only_prefers():
     assert WAY not in ways_of(plans)
     with backends.force(WAY):
         assert_matches(ours, ref, x, mask=mask)
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
+    """In `model.predict` (a `tf.function`, where lengths cannot be checked)
+    a too-long and a negative length give NaN in every output and state of
+    their rows; the other rows equal the eager results."""
+    ours, _ = pair(wrapper)
+    x_in, lengths_in = keras.Input((None, D)), keras.Input((), dtype="int32")
+    model = keras.Model([x_in, lengths_in], ours(x_in, lengths=lengths_in))
+    x = inputs(9)[:4]
+    lengths = np.array([2, T + 3, 1, -1], "int32")
+    with backends.record() as plans:
+        outs = model.predict([x, lengths], verbose=0)
+    assert ways_of(plans) == {WAY}
+    good = np.array([0, 2])
+    expected = ours(x[good], lengths=lengths[good])
+    for out, exp in zip(outs, expected):
+        assert np.all(np.isnan(out[[1, 3]])), "bad rows gave numbers silently"
+        np.testing.assert_allclose(out[good], to_np(exp), atol=1e-5)
 
 
 def test_portable_block_runs_keras_layers():

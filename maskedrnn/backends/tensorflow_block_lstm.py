@@ -12,7 +12,8 @@ exact, with no masked loop and no recomputation of `c`.
 
 It runs only where those equations are the layer's (`why_not`): a
 `keras.layers.LSTM` with `tanh` / `sigmoid` activations and no recurrent
-dropout, computing in float32 or float16 (the op's only dtypes; mixed
+dropout, `use_cudnn` not False (which asks for Keras' loop), computing in
+float32 or float16 (the op's only dtypes; mixed
 precision computes in float16), outside XLA (the op has no XLA kernel, so
 `jit_compile=True` runs Keras' layer) and outside
 `maskedrnn.backends.portable()` (exports for converters that lack the op).
@@ -49,6 +50,9 @@ _PORTABLE_WHY = Why(
 )
 _UNROLL = soft("the LSTM has unroll=True, which asks for Keras' unrolled loop")
 _CUDNN = soft("Keras' LSTM may run cuDNN here (a GPU), which is faster")
+_USE_CUDNN_FALSE = soft(
+    "the inner layer has use_cudnn=False, which asks for Keras' loop"
+)
 
 
 def _dtype_why(dtype):
@@ -94,7 +98,9 @@ def why_not(inner, has_fused_rnn_kernel):
         return _XLA
     if inner.unroll:
         return _UNROLL
-    if inner.use_cudnn is not False and has_fused_rnn_kernel():
+    if inner.use_cudnn is False:
+        return _USE_CUDNN_FALSE
+    if has_fused_rnn_kernel():
         return _CUDNN
     return None
 
