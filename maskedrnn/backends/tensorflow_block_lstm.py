@@ -175,8 +175,9 @@ def run(inner, x, initial_state, steps, want_states):
 
     Args:
         inner: A `keras.layers.LSTM` (`why_not` says None or soft), built.
-        x: Valid-first float tensor `(batch, time, features)` in the compute
-            dtype, zeros at padded steps, input dropout already applied.
+        x: Valid-first float tensor `(batch, time, features)`, zeros at
+            padded steps, input dropout already applied; computed in the
+            inner layer's compute dtype (float32 or float16).
         initial_state: `[h0, c0]`, each `(batch, units)`.
         steps: The `maskedrnn.steps.Steps` of the batch.
         want_states: Whether the final states are wanted.
@@ -188,7 +189,10 @@ def run(inner, x, initial_state, steps, want_states):
         state for a row with no valid step), or None when not wanted.
     """
     cell = inner.cell
-    dtype = x.dtype
+    # The inner layer's compute dtype, to which Keras' call would cast its
+    # inputs too (a policy on the wrapper alone hands it another dtype).
+    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
+    x = ops.cast(x, dtype)
     units = cell.units
     weights = tf.concat(
         [ops.cast(cell.kernel, dtype), ops.cast(cell.recurrent_kernel, dtype)],
