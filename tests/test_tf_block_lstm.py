@@ -253,6 +253,7 @@ def test_kernel_info_says_it_runs_and_why_not_elsewhere():
     for sentence in ours.kernel_info().values():
         assert sentence.startswith("TensorFlow's fused LSTM kernel")
         assert "tf.raw_ops.BlockLSTMV2" in sentence and "exact" in sentence
+        assert "jit_compile=True) Keras' layer runs instead" in sentence
     cases = [
         (keras.layers.LSTM(U, activation="relu"), "tanh / sigmoid"),
         (keras.layers.LSTM(U, recurrent_dropout=0.1), "recurrent_dropout"),

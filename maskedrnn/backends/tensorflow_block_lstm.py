@@ -111,7 +111,8 @@ def describe(inner):
         "TensorFlow's fused LSTM kernel (tf.raw_ops.BlockLSTMV2) over "
         "valid-first data, unmasked; the final [h, c] read from its per-step "
         "h and cell states at each row's last valid step (exact, no "
-        "recomputation)"
+        "recomputation); in functions XLA compiles (jit_compile=True) Keras' "
+        "layer runs instead, the op having no XLA kernel"
     )
 
 
