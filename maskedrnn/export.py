@@ -10,6 +10,13 @@ TensorFlow "Flex" delegate, which the pip `ai-edge-litert` interpreter does
 not ship. `export_litert` therefore fixes the batch size (the time axis stays
 dynamic), and `pad_batch_rows` pads a smaller batch up to it with zero-length
 rows, which `MaskedBidirectional` handles exactly.
+
+The LiteRT converter (built-in ops) and tf2onnx have no
+`tf.raw_ops.BlockLSTMV2`, the fused LSTM kernel an LSTM runs on a TensorFlow
+CPU (`maskedrnn.backends.WAYS`, `"tf-block-lstm"`): `export_litert` traces the
+model inside `maskedrnn.backends.portable()`, where every LSTM runs Keras' own
+layer, which they convert; so does every graph Keras' exporter traces
+(`model.export`, ONNX and SavedModel alike).
 """
 
 import keras
@@ -103,7 +110,10 @@ def export_litert(
     by padding them with `pad_batch_rows`; feed larger ones in chunks.
 
     Conversion fails (with the converter's error) rather than silently
-    emitting TensorFlow ops that the LiteRT interpreter cannot run.
+    emitting TensorFlow ops that the LiteRT interpreter cannot run. The model
+    is traced inside `maskedrnn.backends.portable()`: its LSTMs run Keras'
+    layer, not TensorFlow's `BlockLSTMV2` (no LiteRT built-in op), and
+    compute the same function.
 
     Requires the TensorFlow backend: Keras converts through a TensorFlow
     SavedModel.
@@ -175,14 +185,15 @@ def export_litert(
 
     import tensorflow as tf
 
-    model.export(
-        filepath,
-        format="litert",
-        input_signature=input_signature,
-        verbose=verbose,
-        target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]},
-        **converter_kwargs,
-    )
+    with backends.portable():
+        model.export(
+            filepath,
+            format="litert",
+            input_signature=input_signature,
+            verbose=verbose,
+            target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS]},
+            **converter_kwargs,
+        )
     return filepath
 
 

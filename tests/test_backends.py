@@ -32,6 +32,10 @@ Which function ends up computing on this machine (asserted below):
 With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
 device (TensorFlow's cuDNN path accepts right-padded masks only).
 
+On a TensorFlow CPU an LSTM runs TensorFlow's fused `BlockLSTMV2` by
+default (`maskedrnn.backends.tensorflow_block_lstm`): no Keras RNN function
+runs at all, and a spy on that runner sees both inner layers.
+
 On a JAX CPU ours runs Keras' masked loop by default (JAX has no fused
 kernel there, `maskedrnn.backends.jax.cpu_why`, specified in
 tests/test_kernels.py): the default run checks that the inner layers get
@@ -100,12 +104,16 @@ def native_kernels_here():
     return BACKEND == "torch" and not _gpu_here()
 
 
-def default_kernels():
-    """What ours runs here by default: "native" (PyTorch's kernels, torch
-    on CPU), "masked_loop" (Keras' masked loop, a JAX CPU) or
-    "keras_layers" (Keras' unmasked inner layers)."""
+def default_kernels(cell=None):
+    """What ours runs here by default for `cell` ("lstm" or "gru"):
+    "native" (PyTorch's kernels, torch on CPU), "masked_loop" (Keras'
+    masked loop, a JAX CPU), "block_lstm" (TensorFlow's `BlockLSTMV2`, an
+    LSTM on a TensorFlow CPU) or "keras_layers" (Keras' unmasked inner
+    layers)."""
     if native_kernels_here():
         return "native"
+    if BACKEND == "tensorflow" and cell == "lstm" and not _gpu_here():
+        return "block_lstm"
     if BACKEND == "jax" and not _gpu_here():
         return "masked_loop"
     return "keras_layers"
@@ -177,6 +185,11 @@ def spies(monkeypatch):
         spies["native"] = Spy(monkeypatch, "run_native", torch_backend)
         direct = Spy(monkeypatch, "run_direction", torch_backend)
         direct.calls = spies["native"].calls
+    if BACKEND == "tensorflow":
+        # Looked up as `block_lstm.run` at call time.
+        from maskedrnn.backends import tensorflow_block_lstm
+
+        spies["block"] = Spy(monkeypatch, "run", tensorflow_block_lstm)
     return spies
 
 
@@ -186,13 +199,14 @@ def kernels(request):
     unmasked inner layers forced (`maskedrnn.backends.force`), so they
     compute without a mask (the path of a GPU, and on torch for layers the
     native kernels do not cover)."""
+    cell = request.node.callspec.params.get("cell")
     if request.param == "keras_layers":
-        if default_kernels() == "keras_layers":
+        if default_kernels(cell) == "keras_layers":
             pytest.skip("the default plan here: the run above")
         with backends.force("keras-unmasked"):
             yield "keras_layers"
         return
-    yield default_kernels()
+    yield default_kernels(cell)
 
 
 def make_rnn(cell, **kwargs):
@@ -221,9 +235,13 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     generic loop runs exactly when the fused function declined, maskless.
     With `kernels="native"`: PyTorch's kernel computes both directions (one
     `run_native` or `run_direction` per direction and call) and no
-    Keras RNN function runs at all. With `kernels="masked_loop"`: Keras'
-    masked loop runs both directions, each handed a mask."""
+    Keras RNN function runs at all; the same with `kernels="block_lstm"`
+    (one `BlockLSTMV2` run per direction and call). With
+    `kernels="masked_loop"`: Keras' masked loop runs both directions, each
+    handed a mask."""
     inner = (ours.forward_layer, ours.backward_layer)
+    if "block" in spies and kernels != "block_lstm":
+        assert spies["block"].calls == []
     if kernels == "masked_loop":
         assert spies["rnn"].masks() and all(
             m is not None for m in spies["rnn"].masks()
@@ -235,9 +253,9 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
             id(layer.cell.kernel) for layer in inner
         }
         return
-    if kernels == "native":
-        native = spies["native"]
-        assert native.calls, "run_native/run_direction was never called"
+    if kernels in ("native", "block_lstm"):
+        native = spies["native" if kernels == "native" else "block"]
+        assert native.calls, f"{kernels} kernels were never called"
         assert len(native.calls) % 2 == 0
         kernels_seen = {id(c["kernel"]) for c in native.calls}
         assert kernels_seen == {id(layer.cell.kernel) for layer in inner}
@@ -375,7 +393,7 @@ def test_fit_step_inner_rnns_get_no_mask(spies, cell, how):
     for spy in spies.values():
         spy.clear()
     one_fit_step(model, data, np.zeros((B, T, 1), "float32"))
-    assert_fast_path_taken(spies, cell, ours, default_kernels())
+    assert_fast_path_taken(spies, cell, ours, default_kernels(cell))
 
 
 @pytest.mark.slow

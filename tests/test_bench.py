@@ -38,11 +38,16 @@ GPU_CUDNN = GPU and BACKEND in ("torch", "jax")
 JAX_CPU = BACKEND == "jax" and not GPU
 
 
+# On a TensorFlow CPU ours runs every LSTM on TensorFlow's fused BlockLSTMV2
+# (`maskedrnn.backends.tensorflow_block_lstm`).
+TF_CPU = BACKEND == "tensorflow" and not GPU
+
+
 def lstm_states_take_keras_masked_loop(cell):
     """Whether ours runs Keras' masked loop for a layer returning states: an
-    LSTM on TensorFlow or JAX without a GPU
-    (`maskedrnn.backends.keras_ways.states_why`)."""
-    return cell == "lstm" and BACKEND in ("tensorflow", "jax") and not GPU
+    LSTM on JAX without a GPU (`maskedrnn.backends.keras_ways.states_why`;
+    on a TensorFlow CPU the LSTM runs `BlockLSTMV2`)."""
+    return cell == "lstm" and BACKEND == "jax" and not GPU
 
 
 def assert_rows_match_oracles(rows):
@@ -220,6 +225,8 @@ def test_records_which_kernels_each_implementation_ran(lstm_run):
             elif BACKEND == "torch":
                 # Both directions in one call of the one-call way (cuDNN).
                 assert row["kernels"] == "torch one-call kernel (torch._VF) computed x1"
+            elif TF_CPU:
+                assert row["kernels"] == "tf BlockLSTMV2 kernel computed x2"
             else:
                 assert "backend.lstm" in row["kernels"] and "no mask" in row["kernels"]
             assert row["cudnn"] == ("computed" if GPU_CUDNN else "not called"), row
@@ -606,6 +613,8 @@ def test_stacked_layers_are_checked_against_keras_and_pytorch():
     assert_state_layer_mask_use(ours, "lstm", directions=2)
     if BACKEND == "torch" and not GPU:
         assert ours == "torch native kernel computed x4"  # 2 layers x 2 directions
+    if TF_CPU:
+        assert ours == "tf BlockLSTMV2 kernel computed x4"
     masked = rows["keras_masked", "train"]["kernels"]
     assert "backend.rnn computed, with a mask x4" in masked
     assert "2 stacked layers" in bench.format_table(results)
@@ -650,6 +659,8 @@ def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
     assert_state_layer_mask_use(ours, cell, directions=1)
     if BACKEND == "torch" and not GPU:
         assert ours == "torch native kernel computed x2"  # 2 layers, 1 direction
+    if TF_CPU and cell == "lstm":
+        assert ours == "tf BlockLSTMV2 kernel computed x2"
     masked = rows["keras_masked", "train"]["kernels"]
     assert "backend.rnn computed, with a mask x2" in masked
     assert "MaskedRNN" in bench.format_table(results)

@@ -8,8 +8,17 @@ batch size and another time length (dynamic shapes). The model
 from `Embedding(mask_zero=True)` and an explicit `lengths` input, and outputs
 the exact LSTM final states.
 
+On a TensorFlow CPU the model's LSTM runs TensorFlow's fused `BlockLSTMV2`
+(`"tf-block-lstm"`), except while Keras' exporter traces it: every graph
+`model.export` writes (SavedModel, ONNX) carries Keras' own LSTM, which
+the converters read; `export_litert` traces inside
+`maskedrnn.backends.portable()`. Which way each export traced is read from
+`maskedrnn.backends.record()`.
+
 Limits are pinned by tests too: LiteRT needs a fixed batch size (the
 dynamic-batch file needs the Flex delegate, which `ai-edge-litert` lacks),
+tf2onnx has no `BlockLSTMV2` (Keras' exporter traces Keras' LSTM: plain
+`model.export` needs no `portable()`),
 and a JAX-backend SavedModel export needs a fixed time length until
 `maskedrnn.ops.linear_recurrence_last` handles a symbolic time axis.
 
@@ -33,6 +42,7 @@ import numpy as np
 import pytest
 
 import maskedrnn.export as mexport
+from maskedrnn import backends
 from tests.helpers import run_module_on_backend
 from tests.test_deploy import build_model, make_batch, predict
 
@@ -104,10 +114,35 @@ def batches(model):
     return out
 
 
+def ways_traced(plans):
+    return {d.way for p in plans for d in p.directions}
+
+
+def block_lstm_here():
+    """Whether the model's LSTM runs `BlockLSTMV2` by default here (a
+    TensorFlow CPU)."""
+    if BACKEND != "tensorflow":
+        return False
+    return not backends.current().has_fused_rnn_kernel()
+
+
 @pytest.fixture(scope="module")
 def saved_model_dir(model, tmp_path_factory):
     path = tmp_path_factory.mktemp("export") / "saved_model"
-    model.export(path, format="tf_saved_model", verbose=False)
+    with backends.record() as plans:
+        model.export(path, format="tf_saved_model", verbose=False)
+    assert ("tf-block-lstm" in ways_traced(plans)) == block_lstm_here()
+    return path
+
+
+@pytest.fixture(scope="module")
+def portable_saved_model_dir(model, tmp_path_factory):
+    """The SavedModel traced inside `maskedrnn.backends.portable()`: Keras'
+    own LSTM, what the LiteRT converter reads."""
+    path = tmp_path_factory.mktemp("export") / "portable_saved_model"
+    with backends.portable(), backends.record() as plans:
+        model.export(path, format="tf_saved_model", verbose=False)
+    assert "tf-block-lstm" not in ways_traced(plans)
     return path
 
 
@@ -142,7 +177,9 @@ def test_saved_model_matches_keras(saved_model_dir, batches):
 @pytest.mark.slow
 def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
     interpreter = require("ai_edge_litert.interpreter")
-    path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
+    with backends.record() as plans:
+        path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
+    assert plans and "tf-block-lstm" not in ways_traced(plans)
     lite = interpreter.Interpreter(model_path=path)
     details = {d["name"]: d for d in lite.get_input_details()}
     shapes = {
@@ -165,7 +202,9 @@ def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
 
 @tf_only
 @pytest.mark.slow
-def test_litert_dynamic_batch_needs_the_flex_delegate(saved_model_dir, batches):
+def test_litert_dynamic_batch_needs_the_flex_delegate(
+    portable_saved_model_dir, batches
+):
     """Limit: with a dynamic batch, Keras' RNN loop (a TensorArray of
     `(batch, units)` steps) does not lower to TFLite built-in ops; allowing
     TensorFlow ops converts, but the LiteRT interpreter has no Flex delegate
@@ -174,7 +213,9 @@ def test_litert_dynamic_batch_needs_the_flex_delegate(saved_model_dir, batches):
     import tensorflow as tf
 
     def convert(ops):
-        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir))
+        converter = tf.lite.TFLiteConverter.from_saved_model(
+            str(portable_saved_model_dir)
+        )
         converter.target_spec.supported_ops = ops
         return converter.convert()
 
@@ -242,7 +283,9 @@ def test_onnx_matches_keras(model, batches, tmp_path):
     ort = require("onnxruntime")
     require("tf2onnx")
     path = tmp_path / "m.onnx"
-    model.export(path, format="onnx", verbose=False)
+    with backends.portable(), backends.record() as plans:
+        model.export(path, format="onnx", verbose=False)
+    assert plans and "tf-block-lstm" not in ways_traced(plans)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     assert sorted(inputs) == sorted(INPUTS)
@@ -252,6 +295,30 @@ def test_onnx_matches_keras(model, batches, tmp_path):
     for name, (x, expected) in batches.items():
         outputs = session.run(None, x)
         assert_matches_keras(outputs, expected, f"ONNX, {name}")
+
+
+@tf_only
+@pytest.mark.slow
+def test_plain_onnx_export_traces_keras_lstm_and_loads(model, batches, tmp_path):
+    """`model.export(format="onnx")` with no `portable()` block: Keras'
+    exporter traces the model, so the LSTM runs Keras' layer there (tf2onnx
+    has no `BlockLSTMV2`) and ONNX Runtime loads and runs the file; the
+    same model outside the export still runs BlockLSTMV2."""
+    ort = require("onnxruntime")
+    require("tf2onnx")
+    path = tmp_path / "m.onnx"
+    with backends.record() as plans:
+        model.export(path, format="onnx", verbose=False)
+    # (The exporter also reads `uses_fast_path` eagerly, a plan of no graph.)
+    if block_lstm_here():
+        sentences = [s for p in plans for s in p.info().values()]
+        assert any("traced by Keras' exporter" in s for s in sentences), sentences
+        with backends.record() as eager_plans:
+            model(list(make_batch(2, 5, 0)))
+        assert "tf-block-lstm" in ways_traced(eager_plans)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name, (x, expected) = next(iter(batches.items()))
+    assert_matches_keras(session.run(None, x), expected, f"ONNX, {name}")
 
 
 # ------------------------------------------------- SavedModel from JAX

@@ -6,7 +6,10 @@ tests/test_masked_bidirectional.py, tests/test_torch_kernels.py and
 tests/test_final_state.py (the unmasked path with recomputed states).
 
 - An LSTM whose final states are wanted, on TensorFlow or JAX without a GPU
-  (Keras has no fused LSTM kernel there), runs Keras' masked loop: given
+  (Keras has no fused LSTM kernel there), runs Keras' masked loop (on
+  TensorFlow where its `BlockLSTMV2` does not run: checked here inside
+  `maskedrnn.backends.portable()`; that op is tests/test_tf_block_lstm.py's):
+  given
   `mask=`, on the caller's data with exactly the caller's mask (no
   reordering; the backward direction reads both flipped), given `lengths=`,
   on the right-padded data with the right-padded mask of the lengths; where
@@ -68,6 +71,11 @@ def left_padded_mask():
 def test_lstm_states_without_gpu_use_keras_masked_loop(wrapper, how):
     if keras_has_gpu():
         pytest.skip("a GPU is visible: the LSTM runs unmasked there")
+    with backends.portable():
+        _lstm_states_use_keras_masked_loop(wrapper, how)
+
+
+def _lstm_states_use_keras_masked_loop(wrapper, how):
     ours, ref = oracle_pair(
         "lstm", U, D, wrapper=wrapper, return_sequences=True, return_state=True
     )
@@ -110,8 +118,10 @@ def test_without_states_or_for_gru_no_mask_reaches_the_inner_layer(kind):
         seen = spy_masks([ours.layer])
         x = np.random.default_rng(1).standard_normal((B, T, D)).astype("float32")
         # On a JAX CPU every layer runs Keras' masked loop by default
-        # (specified below): the unmasked way is forced there.
-        with backends.force("keras-unmasked" if BACKEND == "jax" else None):
+        # (specified below), and on a TensorFlow CPU an LSTM runs
+        # `BlockLSTMV2`: the unmasked way is forced there.
+        force = BACKEND == "jax" or (BACKEND == "tensorflow" and kind == "lstm")
+        with backends.force("keras-unmasked" if force else None):
             ours(x, mask=left_padded_mask())
         assert seen == [None]
 
@@ -224,6 +234,13 @@ def test_bad_lengths_in_compiled_code_poison_their_rows_in_the_masked_loop(
     tests/test_bad_input.py)."""
     if keras_has_gpu():
         pytest.skip("a GPU is visible: the LSTM runs unmasked there")
+    # On TensorFlow the masked loop runs where `BlockLSTMV2` does not: in
+    # `portable()` (the op's own check: tests/test_tf_block_lstm.py).
+    with backends.portable():
+        _bad_lengths_poison_their_rows(wrapper)
+
+
+def _bad_lengths_poison_their_rows(wrapper):
     lstm = keras.layers.LSTM(U, return_sequences=True, return_state=True)
     layer = MaskedRNN(lstm) if wrapper == "rnn" else MaskedBidirectional(lstm)
     x_in, lengths_in = keras.Input((None, D)), keras.Input((), dtype="int32")

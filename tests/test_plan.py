@@ -63,6 +63,23 @@ def _spy_fused(monkeypatch):
     return spy_fused_kernels(monkeypatch)
 
 
+def _spy_block_lstm(monkeypatch):
+    """Inner layers run by TensorFlow's `BlockLSTMV2` (tensorflow only)."""
+    if BACKEND != "tensorflow":
+        return []
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    calls = []
+    original = tensorflow_block_lstm.run
+
+    def spy(inner, *args, **kwargs):
+        calls.append(inner)
+        return original(inner, *args, **kwargs)
+
+    monkeypatch.setattr(tensorflow_block_lstm, "run", spy)
+    return calls
+
+
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("return_state", [False, True])
@@ -79,6 +96,7 @@ def test_kernel_info_says_what_ran(
     seen = spy_masks(_inners(ours))
     native = _spy_native(monkeypatch)
     fused = _spy_fused(monkeypatch)
+    block = _spy_block_lstm(monkeypatch)
     x, mask = _inputs()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     info = ours.kernel_info()
@@ -91,13 +109,18 @@ def test_kernel_info_says_what_ran(
         # Every direction in one kernel call.
         assert seen == [] and native == [] and fused == [_inners(ours)]
         assert ours.uses_fast_path
+    elif all("TensorFlow's fused LSTM kernel" in s for s in sentences):
+        assert seen == [] and native == [] and block == _inners(ours)
+        assert ours.uses_fast_path
     elif all("masked step loop" in s for s in sentences):
-        assert native == [] and fused == [] and len(seen) == len(sentences)
+        assert native == [] and fused == [] and block == []
+        assert len(seen) == len(sentences)
         assert all(m is not None for m in seen)
         assert not ours.uses_fast_path
     else:
         assert all("unmasked" in s for s in sentences), sentences
-        assert native == [] and fused == [] and seen == [None] * len(sentences)
+        assert native == [] and fused == [] and block == []
+        assert seen == [None] * len(sentences)
         assert ours.uses_fast_path
     if way != "default":
         forced = f"forced by maskedrnn.backends.force('{way}')"

@@ -39,6 +39,10 @@ The ways, by name (`WAYS`):
   `torch._VF.gru` call over valid-first data, its padded steps made to hold
   the state (LSTM and GRU; the default on CUDA, forceable on a CPU, whose
   kernels compute cuDNN's equations);
+- `"tf-block-lstm"`: TensorFlow's fused LSTM kernel
+  (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
+  final states read from its per-step outputs (TensorFlow, an LSTM with
+  Keras' default activations, float32 or float16, no XLA);
 - `"keras-unmasked"`: the Keras inner layer called with no mask on
   valid-first data, so its backend may pick a fused kernel (cuDNN);
 - `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
@@ -55,7 +59,8 @@ direction per call, when the route cannot be `"fused"`).
 `kernel_info()` and `uses_fast_path` are read from a plan too.
 `force(way)` makes every plan in its block take `way` (for tests and
 comparisons; a way the backend cannot run here raises `Declined`);
-`record()` collects the plans made in its block (what a model ran).
+`record()` collects the plans made in its block (what a model ran);
+`portable()` keeps its block to ways every exporter converts.
 
 The one-call interface, `run_fused(way, inners, x, steps, initial_states,
 training, want_states)` (backend-neutral: Keras weights in, outputs and
@@ -100,6 +105,7 @@ WAYS = (
     "torch-packed",
     "torch-unpacked",
     "torch-fused",
+    "tf-block-lstm",
     "keras-unmasked",
     "keras-masked",
 )
@@ -110,6 +116,7 @@ _CALLER_ORDER_WAYS = ("torch-packed", "torch-unpacked")
 _KNOWN = ("tensorflow", "jax", "torch")
 _FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
 _RECORDS = contextvars.ContextVar("maskedrnn_plan_records", default=())
+_PORTABLE = contextvars.ContextVar("maskedrnn_portable", default=False)
 _MODULES = {}
 
 
@@ -194,6 +201,38 @@ def force(way):
         yield
     finally:
         _FORCED.reset(token)
+
+
+@contextlib.contextmanager
+def portable():
+    """Makes the plans made in the block use only ways that export anywhere.
+
+    For exports read by converters that know only the ops of Keras' own
+    layers: LiteRT's built-in ops and tf2onnx have no
+    `tf.raw_ops.BlockLSTMV2`, so in the block an LSTM on TensorFlow runs
+    Keras' layer (`"keras-unmasked"` or `"keras-masked"`) instead of
+    `"tf-block-lstm"`. `maskedrnn.export.export_litert` traces the model in
+    this block, and whatever Keras' exporter (`model.export`) traces runs
+    as in it by itself. The other
+    backends have only portable ways: the block changes nothing there.
+
+    Example:
+
+    ```python
+    with maskedrnn.backends.portable():
+        tf.saved_model.save(model, "served")  # Keras' own LSTM in the graph
+    ```
+    """
+    token = _PORTABLE.set(True)
+    try:
+        yield
+    finally:
+        _PORTABLE.reset(token)
+
+
+def portable_only():
+    """True inside a `portable()` block."""
+    return _PORTABLE.get()
 
 
 def forced():

@@ -55,7 +55,9 @@ _STATES_WHY = soft(
 def states_why(inner, want_states, has_fused_rnn_kernel):
     """None, or a soft `Why`: on TensorFlow and JAX, an LSTM whose final
     states are wanted, where Keras has no fused LSTM kernel (no GPU, or
-    `use_cudnn=False`), runs Keras' masked loop.
+    `use_cudnn=False`), runs Keras' masked loop (on TensorFlow, where
+    TensorFlow's `BlockLSTMV2` does not run:
+    `maskedrnn.backends.tensorflow_block_lstm`).
 
     Without a fused kernel Keras' unmasked and masked LSTM both run its
     generic step loop, at nearly the same cost, and the masked loop carries

@@ -1,21 +1,31 @@
-"""The TensorFlow backend: Keras' layers, unmasked where a fused kernel may run.
+"""The TensorFlow backend: TensorFlow's fused CPU LSTM kernel, else Keras' layers.
 
-TensorFlow's fused RNN kernels are cuDNN's, reached by Keras' unmasked
-`LSTM`/`GRU` on a GPU. Without one Keras runs its generic step loop, masked
-or not, at nearly the same cost. So an LSTM whose final states are wanted
-runs Keras' masked loop where no fused LSTM kernel exists
-(`keras_ways.states_why`):
-that loop carries the exact `[h, c]` to each row's last valid step, where
-running unmasked would cost a recomputation of the cell state on top.
+TensorFlow's fused RNN kernels for Keras' layers are cuDNN's, reached by
+Keras' unmasked `LSTM`/`GRU` on a GPU. Without one Keras runs its generic
+step loop, masked or not, at nearly the same cost. So:
+
+- an LSTM runs `tf.raw_ops.BlockLSTMV2` (`"tf-block-lstm"`,
+  `maskedrnn.backends.tensorflow_block_lstm`), TensorFlow's fused LSTM
+  kernel, wherever its equations are the layer's and no cuDNN kernel may
+  run: one op per direction, and the exact final `[h, c]` read from its
+  per-step outputs;
+- where it does not run (XLA, float64, other activations, `portable()`),
+  an LSTM whose final states are wanted runs Keras' masked loop where no
+  fused LSTM kernel exists (`keras_ways.states_why`): that loop carries the
+  exact `[h, c]` to each row's last valid step, where running unmasked
+  would cost a recomputation of the cell state on top;
+- every other RNN runs Keras' layer unmasked on valid-first data.
 """
 
+import keras
 import tensorflow as tf
 from keras import ops
 
 from maskedrnn.backends import keras_ways
+from maskedrnn.backends import tensorflow_block_lstm as block_lstm
 
 NAME = "tensorflow"
-WAYS = ("keras-unmasked", "keras-masked")
+WAYS = (block_lstm.WAY, "keras-unmasked", "keras-masked")
 
 layout = run_direction = keras_ways.no_caller_order_kernel
 FUSED_WAYS = ()
@@ -66,9 +76,12 @@ def has_fused_rnn_kernel():
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: Keras' unmasked layer, else its masked
-    loop (see the module docstring)."""
-    return keras_ways.options(
+    """`[(way, why)]`, best first: `BlockLSTMV2` for an LSTM it computes,
+    Keras' unmasked layer, else its masked loop (see the module
+    docstring)."""
+    return [
+        (block_lstm.WAY, block_lstm.why_not(inner, has_fused_rnn_kernel))
+    ] + keras_ways.options(
         inner,
         unmasked_soft=keras_ways.states_why(inner, want_states, has_fused_rnn_kernel),
     )
@@ -76,9 +89,17 @@ def options(inner, where, want_states):
 
 def describe(way, inner, want_states, options):
     """The `kernel_info()` sentence for `way`."""
-    return keras_ways.describe(way, inner, options)
+    if way == block_lstm.WAY:
+        return block_lstm.describe(inner)
+    text = keras_ways.describe(way, inner, options)
+    why = dict(options).get(block_lstm.WAY)
+    if isinstance(inner, keras.layers.LSTM) and why is not None:
+        text = f"{text} (tf.raw_ops.BlockLSTMV2 does not run: {why})"
+    return text
 
 
 def run(way, inner, x, initial_state, training, steps, want_states):
     """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
+    if way == block_lstm.WAY:
+        return block_lstm.run(inner, x, initial_state, steps, want_states)
     return keras_ways.run(way, inner, x, initial_state, training, steps)

@@ -23,6 +23,9 @@ tells apart
 - the one-call way (`maskedrnn.backends.torch_fused.run`: every direction
   in one `torch._VF` call), labelled "torch one-call kernel (torch._VF)",
   a cuDNN call when its input is on CUDA.
+- on the TensorFlow backend, TensorFlow's fused LSTM kernel run by
+  `maskedrnn.backends.tensorflow_block_lstm.run` (the `"tf-block-lstm"`
+  way), labelled "tf BlockLSTMV2 kernel".
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -105,6 +108,11 @@ def _targets():
         # The one-call way: torch._VF.lstm/gru, cuDNN on CUDA tensors.
         label = "torch one-call kernel (torch._VF)"
         targets.append((torch_fused, "run", label, _on_cudnn, False))
+    if backend == "tensorflow":
+        from maskedrnn.backends import tensorflow_block_lstm
+
+        label = "tf BlockLSTMV2 kernel"
+        targets.append((tensorflow_block_lstm, "run", label, False, False))
     if backend == "jax":
         jax_rnn = importlib.import_module("jax.experimental.rnn")
 

@@ -1,0 +1,326 @@
+"""The `"tf-block-lstm"` way: TensorFlow's fused LSTM kernel, `BlockLSTMV2`.
+
+Oracle: Keras' own `LSTM` (`use_cudnn=False`, its generic masked loop) and
+`Bidirectional`, handed the same mask explicitly, same weights: outputs,
+final states, and the gradients w.r.t. the inputs, the initial states and
+every weight, for every padding pattern (post, pre, holes, empty rows),
+`lengths=`, both layers (every merge mode, `go_backwards`), forced and as
+the default plan, eager and in `tf.function`. The plan's choices (what runs
+where the op does not: XLA, float64, other activations, `portable()`) are
+read from `kernel_info()` and `maskedrnn.backends.record()`.
+
+TensorFlow only: the other backends have no such way (tests/test_plan.py
+checks that forcing it there is declined).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends
+from tests.helpers import BACKEND, lengths_to_mask, to_np
+
+pytestmark = pytest.mark.skipif(
+    BACKEND != "tensorflow",
+    reason="tf.raw_ops.BlockLSTMV2 is a TensorFlow op: only the TensorFlow "
+    "backend offers the 'tf-block-lstm' way",
+)
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+WAY = "tf-block-lstm"
+B, T, D, U = 6, 7, 3, 4
+LENGTHS = np.array([7, 3, 0, 1, 5, 6], "int32")
+SHORT = np.array([3, 0, 1, 2, 3, 1], "int32")  # every row shorter than T
+MERGE_MODES = ["concat", "sum", "ave", "mul", None]
+
+
+def inputs(seed=0):
+    return np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
+
+
+def mask_patterns():
+    """Every padding pattern in one batch."""
+    m = np.ones((B, T), bool)
+    m[0, 4:] = False  # post-padded
+    m[1, :3] = False  # pre-padded
+    m[2, [1, 3, 4]] = False  # holes
+    m[3, :] = False  # empty row
+    m[5, 1:] = False  # length 1; row 4 full
+    return m
+
+
+def states_for(layer, seed=5):
+    n = 4 if isinstance(layer, MaskedBidirectional) else 2
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((B, U)).astype("float32") for _ in range(n)]
+
+
+def pair(wrapper, merge_mode="concat", go_backwards=False, **kw):
+    """(ours, Keras' masked oracle) with the same weights."""
+    kw = dict(return_sequences=True, return_state=True, **kw)
+    if wrapper == "bidirectional":
+        ref = keras.layers.Bidirectional(
+            keras.layers.LSTM(U, use_cudnn=False, **kw), merge_mode=merge_mode
+        )
+        ours = MaskedBidirectional(keras.layers.LSTM(U, **kw), merge_mode=merge_mode)
+    else:
+        kw["go_backwards"] = go_backwards
+        ref = keras.layers.LSTM(U, use_cudnn=False, **kw)
+        ours = MaskedRNN(keras.layers.LSTM(U, **kw))
+    ref.build((None, None, D))
+    ours.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    return ours, ref
+
+
+def outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
+    """Outputs, and the gradients of a fixed random weighting of all of
+    them w.r.t. `x`, the initial states and every trainable weight."""
+    rng = np.random.default_rng(11)
+    x = tf.constant(x)
+    init = None if initial_state is None else [tf.constant(s) for s in initial_state]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        if init is not None:
+            tape.watch(init)
+        outs = layer(x, initial_state=init, **call_kwargs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        loss = 0.0
+        for o in outs:
+            weight = rng.standard_normal(tuple(o.shape)).astype("float32")
+            loss += tf.reduce_sum(tf.cast(o, "float32") * weight)
+    sources = [x] + (init or []) + list(layer.trainable_variables)
+    grads = tape.gradient(loss, sources)
+    return to_np(outs), [to_np(g) for g in grads]
+
+
+def assert_matches(ours, ref, x, atol=1e-5, **kw):
+    got, got_grads = outputs_and_grads(ours, x, **kw)
+    want, want_grads = outputs_and_grads(ref, x, **kw)
+    assert len(got) == len(want) and len(got_grads) == len(want_grads)
+    for i, (a, e) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=f"output {i}")
+    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
+        assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
+        np.testing.assert_allclose(
+            a, e, atol=10 * atol, rtol=1e-4, err_msg=f"gradient {i}"
+        )
+
+
+def ways_of(plans):
+    return {d.way for p in plans for d in p.directions}
+
+
+@pytest.fixture(params=["forced", "default"])
+def how(request):
+    """The way forced, or chosen by the default plan (checked to be it)."""
+    if request.param == "forced":
+        with backends.force(WAY):
+            yield request.param
+        return
+    with backends.record() as plans:
+        yield request.param
+    assert ways_of(plans) == {WAY}
+
+
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_bidirectional_matches_keras_with_every_mask_pattern(merge_mode, how):
+    ours, ref = pair("bidirectional", merge_mode=merge_mode)
+    assert_matches(ours, ref, inputs(), mask=mask_patterns())
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_initial_state_and_its_gradient(wrapper, how):
+    ours, ref = pair(wrapper)
+    init = states_for(ours)
+    assert_matches(ours, ref, inputs(1), initial_state=init, mask=mask_patterns())
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("zero_output_for_mask", [False, True])
+def test_masked_rnn_matches_keras(go_backwards, zero_output_for_mask, how):
+    ours, ref = pair(
+        "rnn", go_backwards=go_backwards, zero_output_for_mask=zero_output_for_mask
+    )
+    assert_matches(ours, ref, inputs(2), mask=mask_patterns())
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("lengths", [LENGTHS, SHORT, np.zeros(B, "int32")])
+def test_lengths_equal_their_right_padded_mask(wrapper, lengths, how):
+    """With every row shorter than the time axis the op runs fewer steps
+    (`seq_len_max`); with every row empty it runs none."""
+    ours, ref = pair(wrapper)
+    got, got_grads = outputs_and_grads(ours, inputs(3), lengths=lengths)
+    want, want_grads = outputs_and_grads(
+        ref, inputs(3), mask=lengths_to_mask(lengths, T)
+    )
+    for a, e in zip(got + got_grads, want + want_grads):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
+
+
+def test_without_states_and_last_output_only(how):
+    ours = MaskedBidirectional(keras.layers.LSTM(U))
+    ref = keras.layers.Bidirectional(keras.layers.LSTM(U, use_cudnn=False))
+    ref.build((None, None, D))
+    ours.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    assert_matches(ours, ref, inputs(4), mask=mask_patterns())
+
+
+def test_no_bias_runs_with_a_zero_bias(how):
+    ours, ref = pair("bidirectional", use_bias=False)
+    assert_matches(ours, ref, inputs(5), mask=mask_patterns())
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_in_tf_function(jit_compile):
+    """In `tf.function` the way runs; XLA has no kernel for the op, so with
+    `jit_compile=True` the plan picks Keras' layer (recorded), same results."""
+    ours, ref = pair("bidirectional")
+    x, mask = inputs(6), mask_patterns()
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = ours(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * o) for o in outs)
+        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+
+    with backends.record() as plans:
+        outs, grads = step(tf.constant(x))
+    assert ways_of(plans) == ({"keras-masked"} if jit_compile else {WAY})
+    with tf.GradientTape() as tape:
+        xt = tf.constant(x)
+        tape.watch(xt)
+        want = ref(xt, mask=mask)
+        loss = sum(tf.reduce_sum(o * o) for o in want)
+    want_grads = tape.gradient(loss, [xt] + ref.trainable_variables)
+    for a, e in zip(list(outs) + grads, list(want) + want_grads):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-4, rtol=1e-4)
+
+
+def test_forced_under_xla_is_declined():
+    ours, _ = pair("rnn")
+
+    @tf.function(jit_compile=True)
+    def call(x):
+        return ours(x, mask=mask_patterns())
+
+    # tf.function re-raises the `Declined` of its tracing as a StagingError.
+    with backends.force(WAY):
+        with pytest.raises(Exception, match="'tf-block-lstm' cannot run here.*XLA"):
+            call(tf.constant(inputs()))
+
+
+def test_mixed_precision_matches_keras():
+    """mixed_float16: both compute in float16 (the op's float16 kernel)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        ours, ref = pair("bidirectional")
+        with backends.record() as plans:
+            assert_matches(ours, ref, inputs(7), atol=5e-3, mask=mask_patterns())
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert ways_of(plans) == {WAY}
+
+
+def test_input_dropout_is_applied_before_the_op():
+    """Training with input dropout: the op reads the dropped inputs (one
+    mask for every step, applied by the core), as Keras' unmasked layer
+    does given the same seed."""
+    results, weights = [], pair("rnn")[0].get_weights()
+    for way in (WAY, "keras-unmasked"):
+        ours, _ = pair("rnn", dropout=0.5, seed=3)
+        ours.set_weights(weights)
+        with backends.force(way):
+            results.append(to_np(ours(inputs(8), mask=mask_patterns(), training=True)))
+    for a, e in zip(*results):
+        np.testing.assert_allclose(a, e, atol=1e-5)
+    # The dropout did something: the outputs differ from inference.
+    with backends.force(WAY):
+        plain = to_np(ours(inputs(8), mask=mask_patterns(), training=False))
+    assert np.abs(plain[0] - results[0][0]).max() > 1e-2
+
+
+def test_kernel_info_says_it_runs_and_why_not_elsewhere():
+    ours, _ = pair("bidirectional")
+    ours(inputs(), mask=mask_patterns())
+    for sentence in ours.kernel_info().values():
+        assert sentence.startswith("TensorFlow's fused LSTM kernel")
+        assert "tf.raw_ops.BlockLSTMV2" in sentence and "exact" in sentence
+        assert "jit_compile=True) Keras' layer runs instead" in sentence
+    cases = [
+        (keras.layers.LSTM(U, activation="relu"), "tanh / sigmoid"),
+        (keras.layers.LSTM(U, recurrent_dropout=0.1), "recurrent_dropout"),
+        (keras.layers.LSTM(U, dtype="float64"), "float64 and BlockLSTMV2"),
+        (keras.layers.LSTM(U, unroll=True), "unroll=True"),
+        (keras.layers.LSTM(U, use_cudnn=False), "use_cudnn=False"),
+        (keras.layers.GRU(U), "keras.layers.LSTM only"),
+    ]
+    for inner, reason in cases:
+        layer = MaskedRNN(inner)
+        layer.build((None, T, D))
+        (sentence,) = layer.kernel_info().values()
+        assert sentence.startswith("Keras "), sentence
+        if isinstance(inner, keras.layers.LSTM):
+            assert "BlockLSTMV2 does not run" in sentence and reason in sentence
+
+
+def test_declined_cases_raise_when_forced_and_unroll_only_prefers():
+    x, mask = inputs(), mask_patterns()
+    for inner, reason in [
+        (keras.layers.LSTM(U, activation="relu"), "tanh / sigmoid"),
+        (keras.layers.LSTM(U, dtype="float64"), "float64"),
+        (keras.layers.GRU(U), "keras.layers.LSTM only"),
+    ]:
+        with backends.force(WAY):
+            with pytest.raises(backends.Declined, match=reason):
+                MaskedRNN(inner)(x.astype(inner.compute_dtype), mask=mask)
+    # unroll=True: Keras' unrolled loop by default, the op when forced.
+    ours, ref = pair("rnn", unroll=True)
+    with backends.record() as plans:
+        ours(x, mask=mask)
+    assert WAY not in ways_of(plans)
+    with backends.force(WAY):
+        assert_matches(ours, ref, x, mask=mask)
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
+    """In `model.predict` (a `tf.function`, where lengths cannot be checked)
+    a too-long and a negative length give NaN in every output and state of
+    their rows; the other rows equal the eager results."""
+    ours, _ = pair(wrapper)
+    x_in, lengths_in = keras.Input((None, D)), keras.Input((), dtype="int32")
+    model = keras.Model([x_in, lengths_in], ours(x_in, lengths=lengths_in))
+    x = inputs(9)[:4]
+    lengths = np.array([2, T + 3, 1, -1], "int32")
+    with backends.record() as plans:
+        outs = model.predict([x, lengths], verbose=0)
+    assert ways_of(plans) == {WAY}
+    good = np.array([0, 2])
+    expected = ours(x[good], lengths=lengths[good])
+    for out, exp in zip(outs, expected):
+        assert np.all(np.isnan(out[[1, 3]])), "bad rows gave numbers silently"
+        np.testing.assert_allclose(out[good], to_np(exp), atol=1e-5)
+
+
+def test_portable_block_runs_keras_layers():
+    ours, ref = pair("bidirectional")
+    x, mask = inputs(), mask_patterns()
+    with backends.portable():
+        assert backends.portable_only()
+        with backends.record() as plans:
+            got = ours(x, mask=mask)
+        assert WAY not in ways_of(plans)
+        with backends.force(WAY):
+            with pytest.raises(backends.Declined, match="portable"):
+                ours(x, mask=mask)
+    assert not backends.portable_only()
+    for a, e in zip(got, ref(x, mask=mask)):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
