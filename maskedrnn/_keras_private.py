@@ -57,3 +57,13 @@ def keras_backend_rnn(backend):
 
     return importlib.import_module(f"keras.src.backend.{backend}.rnn")
 
+
+
+def keras_torch_device():
+    """The device Keras' torch backend puts new tensors on
+    (`keras.src.backend.torch.core.get_device()`, no public accessor):
+    `maskedrnn.backends.torch.scalar` fills its scalars there. Imported when
+    called: that module imports torch."""
+    from keras.src.backend.torch.core import get_device
+
+    return get_device()

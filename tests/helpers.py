@@ -238,8 +238,22 @@ def spy_native_kernels(monkeypatch):
 
 def spy_fused_kernels(monkeypatch):
     """Records the list of inner layers of every one-call kernel call
-    (`maskedrnn.backends.torch_fused.run`: every direction of a call in one
-    `torch._VF` call); returns the list of those lists (torch only)."""
+    (torch: `maskedrnn.backends.torch_fused.run`, every direction of a call
+    in one `torch._VF` call; JAX: `maskedrnn.backends.jax.run_fused`, one
+    `jax_fused.lstm` call); returns the list of those lists (torch and JAX
+    only)."""
+    if BACKEND == "jax":
+        from maskedrnn.backends import jax as jax_backend
+
+        calls = []
+        original_fused = jax_backend.run_fused
+
+        def spy_jax(way, inners, *args, **kwargs):
+            calls.append(list(inners))
+            return original_fused(way, inners, *args, **kwargs)
+
+        monkeypatch.setattr(jax_backend, "run_fused", spy_jax)
+        return calls
     from maskedrnn.backends import torch_fused
 
     calls = []

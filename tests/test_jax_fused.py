@@ -414,7 +414,7 @@ def test_bad_arguments_raise():
         (lambda: keras.layers.LSTM(4), None),
         (lambda: keras.layers.LSTM(4, dropout=0.5), None),
         (lambda: keras.layers.LSTM(4, dtype="mixed_bfloat16"), None),
-        (lambda: keras.layers.GRU(4), "runs Keras' masked loop"),
+        (lambda: keras.layers.GRU(4), "a GRU runs Keras' layer"),
         (lambda: keras.layers.SimpleRNN(4), "not an LSTM"),
         (lambda: keras.layers.RNN(keras.layers.LSTMCell(4)), "not an LSTM"),
         (lambda: keras.layers.LSTM(4, use_cudnn=False), "use_cudnn=False"),

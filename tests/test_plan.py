@@ -55,8 +55,8 @@ def _spy_native(monkeypatch):
 
 
 def _spy_fused(monkeypatch):
-    """Lists of inner layers handed to a one-call kernel (torch only)."""
-    if BACKEND != "torch":
+    """Lists of inner layers handed to a one-call kernel (torch, JAX)."""
+    if BACKEND not in ("torch", "jax"):
         return []
     from tests.helpers import spy_fused_kernels
 
@@ -105,7 +105,10 @@ def test_kernel_info_says_what_ran(
     if all("PyTorch's native" in s for s in sentences):
         assert seen == [] and native == _inners(ours) and fused == []
         assert ours.uses_fast_path
-    elif all("PyTorch's fused" in s for s in sentences):
+    elif all(
+        "PyTorch's fused" in s or "one jax.experimental.rnn.lstm call" in s
+        for s in sentences
+    ):
         # Every direction in one kernel call.
         assert seen == [] and native == [] and fused == [_inners(ours)]
         assert ours.uses_fast_path

@@ -29,7 +29,11 @@ from maskedrnn import bench
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CITED = re.compile(r"(?:docs/)?results/([A-Za-z0-9_.-]+\.(?:json|txt|png))")
+# A result file, possibly in a subfolder (e.g. `results/gpu/...` from a GPU
+# run), named relative to docs/results.
+CITED = re.compile(
+    r"(?:docs/)?results/((?:[A-Za-z0-9_-]+/)?[A-Za-z0-9_.-]+\.(?:json|txt|png|log))"
+)
 NOT_RESULTS = {"README.txt"}
 
 
@@ -82,7 +86,9 @@ def test_every_cited_result_exists():
 
 
 def test_every_result_is_cited():
-    files = {p.name for p in RESULTS.iterdir()} - NOT_RESULTS
+    files = {
+        p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*") if p.is_file()
+    } - NOT_RESULTS
     uncited = sorted(files - set(_cited()))
     assert not uncited, (
         f"docs/results holds files no page cites: {uncited}; cite each next "

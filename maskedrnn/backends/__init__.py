@@ -39,6 +39,10 @@ The ways, by name (`WAYS`):
   `torch._VF.gru` call over valid-first data, its padded steps made to hold
   the state (LSTM and GRU; the default on CUDA, forceable on a CPU, whose
   kernels compute cuDNN's equations);
+- `"jax-fused"`: both directions of a call in one
+  `jax.experimental.rnn.lstm` call (cuDNN's LSTM with per-row sequence
+  lengths) over valid-first data (JAX, an LSTM; the default on a CUDA GPU,
+  forceable elsewhere, where its reference `lstm_ref` runs);
 - `"tf-block-lstm"`: TensorFlow's fused LSTM kernel
   (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
   final states read from its per-step outputs (TensorFlow, an LSTM with
@@ -105,6 +109,7 @@ WAYS = (
     "torch-packed",
     "torch-unpacked",
     "torch-fused",
+    "jax-fused",
     "tf-block-lstm",
     "keras-unmasked",
     "keras-masked",

@@ -10,21 +10,29 @@ valid-first gathers and per-row reversals would cost extra on top
 does none of it (`cpu_why`), unless the wrapped layer says `use_cudnn=True`.
 An LSTM whose final states are wanted follows TensorFlow's rule
 (`keras_ways.states_why`).
+
+On a CUDA GPU an LSTM runs `"jax-fused"` (`maskedrnn.backends.jax_fused`):
+both directions of a call in one `jax.experimental.rnn.lstm` call, cuDNN's
+LSTM with per-row sequence lengths, over valid-first data: cuDNN reverses
+each row by its own length for the backward direction and returns the
+exact final `[h, c]`. Elsewhere the way is forceable and runs
+`jax.experimental.rnn.lstm_ref`, the pure-JAX reference of that call (the
+same equations; slower than Keras' loop on a CPU, so not the default
+there). A GRU has no such kernel in JAX: it runs Keras' layer.
 """
 
 import jax
 import keras
 from keras import ops
 
-from maskedrnn.backends import Why, keras_ways, soft
+from maskedrnn.backends import Why, jax_fused, keras_ways, soft
 
 NAME = "jax"
-WAYS = ("keras-unmasked", "keras-masked")
+FUSED = "jax-fused"
+WAYS = (FUSED, "keras-unmasked", "keras-masked")
+FUSED_WAYS = (FUSED,)
 
 layout = run_direction = keras_ways.no_caller_order_kernel
-FUSED_WAYS = ()
-run_fused = keras_ways.no_fused_kernel
-fused_why = keras_ways.fused_why
 
 
 def is_concrete(x):
@@ -96,13 +104,49 @@ def cpu_why(inner):
     return _CPU_WHY
 
 
+_REFERENCE_WHY = soft(
+    "no CUDA GPU: the way would run jax.experimental.rnn.lstm_ref, the "
+    "pure-JAX reference of cuDNN's call, which is slower than Keras' loop "
+    "on a CPU"
+)
+
+_DIFFERENT_DIRECTIONS = Why(
+    "the two directions differ in units or dtype, and one cuDNN call runs "
+    "directions of one size"
+)
+
+
+def fused_option_why(inner):
+    """None when `"jax-fused"` runs `inner` here and is preferred: a hard
+    `Why` when its equations are not the layer's
+    (`jax_fused.equations_why`), a soft one without a CUDA GPU."""
+    text = jax_fused.equations_why(inner)
+    if text is not None:
+        return Why(text)
+    if not jax_fused.cudnn_present():
+        return _REFERENCE_WHY
+    return None
+
+
+def fused_why(inners):
+    """None when `inners` can share one `"jax-fused"` call, else a hard
+    `Why` (one cuDNN call: the same units and compute dtype)."""
+    first = inners[0].cell
+    for other in inners[1:]:
+        cell = other.cell
+        if cell.units != first.units or cell.compute_dtype != first.compute_dtype:
+            return _DIFFERENT_DIRECTIONS
+    return None
+
+
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: Keras' unmasked layer, else its masked
-    loop (see the module docstring)."""
+    """`[(way, why)]`, best first: the one-call cuDNN LSTM, Keras' unmasked
+    layer, else its masked loop (see the module docstring)."""
+    fused = [(FUSED, fused_option_why(inner))]
     hard = None
     if type(inner) is keras.layers.SimpleRNN and inner.cell.compute_dtype == "float64":
         hard = _FLOAT64_SIMPLE_RNN
-    return keras_ways.options(
+    return fused + keras_ways.options(
         inner,
         unmasked_soft=(
             keras_ways.states_why(inner, want_states, has_fused_rnn_kernel)
@@ -114,9 +158,46 @@ def options(inner, where, want_states):
 
 def describe(way, inner, want_states, options):
     """The `kernel_info()` sentence for `way`."""
+    if way == FUSED:
+        text = (
+            "one jax.experimental.rnn.lstm call for every direction over "
+            "valid-first data with per-row sequence lengths (cuDNN's LSTM; "
+            "exact final [h, c] from the kernel)"
+        )
+        why = dict(options).get(FUSED)
+        if why is not None:
+            text += f", here its pure-JAX reference lstm_ref ({why})"
+        return text
     return keras_ways.describe(way, inner, options)
 
 
+def run_fused(way, inners, x, steps, initial_states, training, want_states):
+    """Every direction of a call in one `jax_fused.lstm` call
+    (`maskedrnn.backends`' one-call interface): cuDNN on a CUDA GPU, its
+    reference `lstm_ref` elsewhere. Outputs are zeros at padded positions."""
+    if way != FUSED:
+        raise NotImplementedError(f"{way!r} is not a one-call way of JAX")
+    weights = [jax_fused.cell_weights(inner) for inner in inners]
+    initial = None
+    if any(s is not None for s in initial_states):
+        batch = ops.shape(x)[0]
+        initial = [
+            s
+            if s is not None
+            else [ops.zeros((batch, i.cell.units), i.compute_dtype) for _ in range(2)]
+            for s, i in zip(initial_states, inners)
+        ]
+    y, states = jax_fused.lstm(x, steps.lengths, weights, initial)
+    return y, [list(s) if want_states else [] for s in states]
+
+
 def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
+    """Runs `way` over valid-first `x`; `(outputs, states or None)`. The
+    one-call way runs one direction here (the plan's valid-first route:
+    input dropout while training, or directions on different ways)."""
+    if way == FUSED:
+        y, states = run_fused(
+            way, [inner], x, steps, [initial_state], training, want_states
+        )
+        return y, states[0] if want_states else []
     return keras_ways.run(way, inner, x, initial_state, training, steps)

@@ -287,8 +287,8 @@ def equations_why(inner):
     kind = type(inner)
     if kind is keras.layers.GRU:
         return (
-            "a JAX GPU GRU has no cuDNN kernel (jax.experimental.rnn has an "
-            "LSTM only): it runs Keras' masked loop"
+            "jax.experimental.rnn has a cuDNN LSTM only (a GRU runs Keras' "
+            "layer)"
         )
     if kind is not keras.layers.LSTM:
         return f"{kind.__name__} is not an LSTM (jax.experimental.rnn has an LSTM only)"

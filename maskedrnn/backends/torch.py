@@ -86,9 +86,10 @@ def scalar(value, dtype):
     dtype = keras.backend.standardize_dtype(dtype)
     if isinstance(value, torch.Tensor):
         return value.to(getattr(torch, dtype))
-    from keras.src.backend.torch.core import get_device
+    from maskedrnn._keras_private import keras_torch_device
 
-    return torch.full((), value, dtype=getattr(torch, dtype), device=get_device())
+    device = keras_torch_device()
+    return torch.full((), value, dtype=getattr(torch, dtype), device=device)
 
 
 def invert_permutation(perm):
