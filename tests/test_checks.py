@@ -170,3 +170,31 @@ def test_match_leading_dims_under_jax_jit_raises_at_trace_time():
     fn = jax.jit(lambda x, m: _checks.match_leading_dims(m, x, 2, "mask"))
     with pytest.raises(ValueError, match="mask has 1 along axis 0"):
         fn(np.zeros((3, 5, 2), "float32"), np.ones((1, 5), bool))
+
+
+class _OnAnAccelerator:
+    """A stand-in for a concrete lengths tensor held by a GPU: TensorFlow's
+    `device` string, JAX's `devices()`."""
+
+    device = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+    def numpy(self):
+        raise AssertionError("read on the host")
+
+    def devices(self):
+        class Device:
+            platform = "gpu"
+
+        return {Device()}
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="torch: tests/test_torch_fused.py")
+def test_lengths_on_an_accelerator_are_not_read_on_the_host():
+    """`host_readable`: lengths the host holds are read there (the eager
+    error); lengths on a GPU are not (a device sync each call): the
+    compiled-mode check runs instead."""
+    from maskedrnn import backends
+
+    backend = backends.current()
+    assert backend.host_readable(ops.convert_to_tensor(np.array([3, 1], "int32")))
+    assert not backend.host_readable(_OnAnAccelerator())

@@ -33,6 +33,7 @@ WAYS = (FUSED, "keras-unmasked", "keras-masked")
 FUSED_WAYS = (FUSED,)
 
 layout = run_direction = keras_ways.no_caller_order_kernel
+scalar = keras_ways.scalar
 
 
 def is_concrete(x):
@@ -41,15 +42,14 @@ def is_concrete(x):
 
 
 def host_readable(x):
-    """True when `x`'s values can be read on the host now (`is_concrete`;
-    the lengths check reads them there)."""
-    return is_concrete(x)
-
-
-def scalar(value, dtype):
-    """A 0-d tensor of `value` (a Python number or a scalar tensor) in
-    `dtype` (`keras.ops.cast`)."""
-    return ops.cast(value, dtype)
+    """True when `x`'s values can be read on the host with no device sync:
+    concrete (`is_concrete`) and not an array on an accelerator. Lengths on
+    a GPU are checked on the device instead (`maskedrnn._checks.
+    check_lengths`: bad rows come out NaN)."""
+    if not is_concrete(x):
+        return False
+    devices = getattr(x, "devices", None)
+    return devices is None or all(d.platform == "cpu" for d in devices())
 
 
 def invert_permutation(perm):

@@ -150,6 +150,13 @@ def run(way, inner, x, initial_state, training, steps):
     raise NotImplementedError(f"{way!r} is not a Keras way")
 
 
+def scalar(value, dtype):
+    """`scalar` of TensorFlow and JAX: a 0-d tensor of `value` (a Python
+    number or a scalar tensor) in `dtype` (`keras.ops.cast`; no host copy
+    to wait for there)."""
+    return keras.ops.cast(value, dtype)
+
+
 def no_caller_order_kernel(*args, **kwargs):
     """`layout` / `run_direction` of a backend without caller's-order
     kernels: it never offers a way that needs them."""

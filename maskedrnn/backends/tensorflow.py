@@ -28,6 +28,7 @@ NAME = "tensorflow"
 WAYS = (block_lstm.WAY, "keras-unmasked", "keras-masked")
 
 layout = run_direction = keras_ways.no_caller_order_kernel
+scalar = keras_ways.scalar
 FUSED_WAYS = ()
 run_fused = keras_ways.no_fused_kernel
 fused_why = keras_ways.fused_why
@@ -44,15 +45,12 @@ def is_concrete(x):
 
 
 def host_readable(x):
-    """True when `x`'s values can be read on the host now (`is_concrete`;
-    the lengths check reads them there)."""
-    return is_concrete(x)
-
-
-def scalar(value, dtype):
-    """A 0-d tensor of `value` (a Python number or a scalar tensor) in
-    `dtype` (`keras.ops.cast`)."""
-    return ops.cast(value, dtype)
+    """True when `x`'s values can be read on the host with no device sync:
+    concrete (`is_concrete`) and not on a GPU or TPU. Lengths there are
+    checked on the device instead (`maskedrnn._checks.check_lengths`: bad
+    rows come out NaN)."""
+    device = getattr(x, "device", "") or ""
+    return is_concrete(x) and "GPU:" not in device and "TPU:" not in device
 
 
 def invert_permutation(perm):
