@@ -64,6 +64,11 @@ def keras_torch_device():
     (`keras.src.backend.torch.core.get_device()`, no public accessor):
     `maskedrnn.backends.torch.scalar` fills its scalars there. Imported when
     called: that module imports torch."""
-    from keras.src.backend.torch.core import get_device
+    try:
+        # Keras 3.16 moved the torch backend's core into `ops`.
+        from keras.src.backend.torch.ops.core import get_device
+    except ImportError:
+        # Its home up to Keras 3.15.
+        from keras.src.backend.torch.core import get_device
 
     return get_device()

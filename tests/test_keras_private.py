@@ -9,6 +9,9 @@ for that, so a broken import elsewhere cannot hide one).
 import ast
 import pathlib
 
+import keras
+import pytest
+
 import maskedrnn._keras_private as keras_private
 
 PACKAGE = pathlib.Path(keras_private.__file__).resolve().parent
@@ -119,3 +122,13 @@ def test_each_private_import_has_its_reason_and_order():
         name = alias.asname or alias.name.split(".")[0]
         assert hasattr(keras_private, name), name
     assert keys == sorted(keys), "keep the imports sorted by module, then name"
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's device")
+def test_keras_torch_device_is_where_keras_puts_new_tensors():
+    """`keras_torch_device` resolves on this Keras (its home moved in
+    3.16) and names the device of a tensor Keras makes."""
+    from maskedrnn._keras_private import keras_torch_device
+
+    made = keras.ops.zeros((2,))
+    assert str(made.device).startswith(str(keras_torch_device()).split(":")[0])
