@@ -236,6 +236,22 @@ def spy_native_kernels(monkeypatch):
     return calls
 
 
+def record_calls(monkeypatch, module, name, position=0):
+    """Replaces `module.name` by a function that records its positional
+    argument `position` (a list or tuple recorded as a list) and calls the
+    original; returns the list of what it recorded, in call order."""
+    calls = []
+    original = getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen = args[position]
+        calls.append(list(seen) if isinstance(seen, (list, tuple)) else seen)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 def spy_fused_kernels(monkeypatch):
     """Records the list of inner layers of every one-call kernel call
     (torch: `maskedrnn.backends.torch_fused.run`, every direction of a call
@@ -245,26 +261,10 @@ def spy_fused_kernels(monkeypatch):
     if BACKEND == "jax":
         from maskedrnn.backends import jax as jax_backend
 
-        calls = []
-        original_fused = jax_backend.run_fused
-
-        def spy_jax(way, inners, *args, **kwargs):
-            calls.append(list(inners))
-            return original_fused(way, inners, *args, **kwargs)
-
-        monkeypatch.setattr(jax_backend, "run_fused", spy_jax)
-        return calls
+        return record_calls(monkeypatch, jax_backend, "run_fused", position=1)
     from maskedrnn.backends import torch_fused
 
-    calls = []
-    original = torch_fused.run
-
-    def spy(inners, *args, **kwargs):
-        calls.append(list(inners))
-        return original(inners, *args, **kwargs)
-
-    monkeypatch.setattr(torch_fused, "run", spy)
-    return calls
+    return record_calls(monkeypatch, torch_fused, "run")
 
 
 def save_and_load(model):

@@ -199,11 +199,9 @@ def test_torch_spy_sees_the_fused_bidirectional_call(
     assert kernels.cudnn_verdict(calls) == "not called"
 
 
-@needs_torch_cpu
-def test_torch_spy_sees_ours_reach_cudnn_in_one_call(fake_cuda):
-    """On CUDA ours runs both directions in one call of the one-call way
-    (`torch._VF.lstm`, cuDNN there): one record, cuDNN computed, no Keras
-    RNN function and no mask anywhere."""
+def _lstm_pair_on_a_pre_padded_batch():
+    """Ours and Keras' masked `Bidirectional(LSTM)` (`use_cudnn=False`) with
+    the same weights, and a pre-padded batch with its mask."""
     ours = MaskedBidirectional(keras.layers.LSTM(U, return_sequences=True))
     ref = keras.layers.Bidirectional(
         keras.layers.LSTM(U, return_sequences=True, use_cudnn=False)
@@ -213,6 +211,15 @@ def test_torch_spy_sees_ours_reach_cudnn_in_one_call(fake_cuda):
     ref.set_weights(ours.get_weights())
     x = inputs(4)
     mask = np.arange(T)[None, :] >= T - np.array([5, 3, 1])[:, None]  # pre-padded
+    return ours, ref, x, mask
+
+
+@needs_torch_cpu
+def test_torch_spy_sees_ours_reach_cudnn_in_one_call(fake_cuda):
+    """On CUDA ours runs both directions in one call of the one-call way
+    (`torch._VF.lstm`, cuDNN there): one record, cuDNN computed, no Keras
+    RNN function and no mask anywhere."""
+    ours, ref, x, mask = _lstm_pair_on_a_pre_padded_batch()
     out, calls = calls_of(lambda: ours(fake_cuda(x), mask=fake_cuda(mask)))
     assert functions(calls) == [("torch one-call kernel (torch._VF)", "computed")]
     assert kernels.cudnn_verdict(calls) == "computed"
@@ -226,15 +233,7 @@ def test_torch_spy_sees_ours_unmasked_reach_cudnn_without_a_mask(
     """Forced to Keras' unmasked layer on CUDA, ours leaves each direction
     to Keras' unmasked LSTM, which calls cuDNN: two `_cudnn_lstm` calls, no
     mask anywhere, no fallback."""
-    ours = MaskedBidirectional(keras.layers.LSTM(U, return_sequences=True))
-    ref = keras.layers.Bidirectional(
-        keras.layers.LSTM(U, return_sequences=True, use_cudnn=False)
-    )
-    for layer in (ours, ref):
-        layer.build((None, None, D))
-    ref.set_weights(ours.get_weights())
-    x = inputs(4)
-    mask = np.arange(T)[None, :] >= T - np.array([5, 3, 1])[:, None]  # pre-padded
+    ours, ref, x, mask = _lstm_pair_on_a_pre_padded_batch()
     with backends.force("keras-unmasked"):
         out, calls = calls_of(lambda: ours(fake_cuda(x), mask=fake_cuda(mask)))
     assert ("torch cuDNN _cudnn_lstm", "computed") in functions(calls)

@@ -21,6 +21,7 @@ from tests.helpers import (
     assert_close,
     loss_and_grads,
     oracle_pair,
+    record_calls,
     to_np,
 )
 
@@ -42,14 +43,7 @@ def mask_patterns():
 def recomputed(monkeypatch):
     """Every LSTM runs unmasked and its states come from `final_state`, as on
     a GPU; records each `states_at_length` call."""
-    calls = []
-    original = final_state.states_at_length
-
-    def spy(inner, *args, **kwargs):
-        calls.append(inner)
-        return original(inner, *args, **kwargs)
-
-    monkeypatch.setattr(final_state, "states_at_length", spy)
+    calls = record_calls(monkeypatch, final_state, "states_at_length")
     with backends.force("keras-unmasked"):
         yield calls
 

@@ -24,7 +24,13 @@ import pytest
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from tests.helpers import BACKEND, assert_close, oracle_pair, spy_masks
+from tests.helpers import (
+    BACKEND,
+    assert_close,
+    oracle_pair,
+    record_calls,
+    spy_masks,
+)
 
 B, T, D, U = 4, 5, 3, 4
 PACKAGE = pathlib.Path(maskedrnn.__file__).resolve().parent
@@ -69,15 +75,7 @@ def _spy_block_lstm(monkeypatch):
         return []
     from maskedrnn.backends import tensorflow_block_lstm
 
-    calls = []
-    original = tensorflow_block_lstm.run
-
-    def spy(inner, *args, **kwargs):
-        calls.append(inner)
-        return original(inner, *args, **kwargs)
-
-    monkeypatch.setattr(tensorflow_block_lstm, "run", spy)
-    return calls
+    return record_calls(monkeypatch, tensorflow_block_lstm, "run")
 
 
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
