@@ -40,7 +40,13 @@ end; of the time before them, correctness gets up to 45%, the timings the
 rest. Before each case it estimates the case's time from the
 cases before it and skips what would not fit; a case still running at its
 section's deadline is interrupted (a timer); both are recorded under the
-section's `skipped`. The JSON is rewritten (atomically) after every case,
+section's `skipped`. The timer's exception reaches Python code only: a
+case that does not return within a grace period after its deadline (a
+backend call waiting in native code, or a library that swallows the
+exception) is cut off by a watchdog thread, which records the case and the
+main thread's stack, writes the JSON with status "out of time" and ends
+the process; `faulthandler` ends it just before the budget if even that
+thread cannot run. The JSON is rewritten (atomically) after every case,
 so a check killed from outside still leaves its results.
 
 Files in `--out` (at most 3): `gpu_check-<backend>.json` (everything),
@@ -49,12 +55,13 @@ tests' output) and `gpu_check-<backend>-profile.txt` (the kernels the
 profiler saw in the first timing case).
 
 Exit status: 0 when every comparison passed and the tests passed (skipped
-work included); 1 when a comparison failed, a case raised or a test failed;
+or cut-off work included); 1 when a comparison failed, a case raised or a test failed;
 2 for bad arguments.
 """
 
 import argparse
 import contextlib
+import faulthandler
 import importlib.util
 import json
 import os
@@ -63,6 +70,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 
@@ -108,6 +116,9 @@ SMOKE_QUICK = [
 SECTIONS = ("environment", "correctness", "timings", "tests")
 # Share of the time before the tests that the correctness section may use.
 CORRECTNESS_SHARE = 0.45
+# Seconds a case may run past its deadline before the watchdog cuts it off
+# (an XLA or cuDNN call started before the deadline may need them to return).
+GRACE_S = (5.0, 20.0)
 
 
 class OutOfTime(BaseException):
@@ -126,6 +137,15 @@ class Budget:
 
     def left(self, deadline=None):
         return min(deadline or self.end, self.end) - time.monotonic()
+
+    @property
+    def grace(self):
+        return min(max(GRACE_S[0], 0.1 * self.seconds), GRACE_S[1])
+
+    @property
+    def hard_end(self):
+        """Where the watchdog ends the check whatever runs."""
+        return START + self.seconds - 0.6 * self.reserve
 
     @contextlib.contextmanager
     def limit(self, deadline):
@@ -162,6 +182,9 @@ class Check:
         self.log_path.write_text("")
         self.budget = Budget(args.budget_s)
         self.failures = []
+        # (section, case name, deadline) of the case that runs, for the watchdog.
+        self.running = None
+        self.lock = threading.Lock()
         self.results = {
             "command": sys.argv,
             "budget_s": args.budget_s,
@@ -177,11 +200,75 @@ class Check:
             f.write(text + "\n")
 
     def flush(self):
-        self.results["elapsed_s"] = round(time.monotonic() - START, 2)
-        self.results["failures"] = self.failures
-        tmp = self.json_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.results, indent=1, default=str))
-        os.replace(tmp, self.json_path)
+        with self.lock:
+            self.results["elapsed_s"] = round(time.monotonic() - START, 2)
+            self.results["failures"] = self.failures
+            tmp = self.json_path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(self.results, indent=1, default=str))
+            os.replace(tmp, self.json_path)
+
+    def start_watchdog(self):
+        """Starts the watchdog thread and arms `faulthandler` as its
+        backstop (see the module's docstring)."""
+        self.fault_log = open(self.log_path, "a")
+        backstop = START + self.budget.seconds - 0.2 * self.budget.reserve
+        faulthandler.dump_traceback_later(
+            max(backstop - time.monotonic(), 0.1), exit=True, file=self.fault_log
+        )
+        watchdog = threading.Thread(target=self.watch, name="watchdog", daemon=True)
+        watchdog.start()
+
+    def watch(self):
+        main = threading.main_thread().ident
+        while True:
+            time.sleep(0.2)
+            running = self.running
+            limit = self.budget.hard_end
+            if running is not None:
+                limit = min(limit, running[2] + self.budget.grace)
+            if time.monotonic() >= limit:
+                break
+        stack = "".join(traceback.format_stack(sys._current_frames().get(main)))
+        self.cut_off(running, stack)
+        sys.stdout.flush()
+        os._exit(0)
+
+    def cut_off(self, running, stack):
+        """Records the case that did not return (or the budget's end) and
+        marks every section not run yet as skipped."""
+        now = time.monotonic()
+        if running is not None:
+            section, name, deadline = running
+            why = (
+                f"did not return {now - deadline:.0f} s after its deadline; "
+                "the watchdog ended the check"
+            )
+            record = self.results.setdefault(section, {})
+            if isinstance(record.get("skipped"), list):
+                record["skipped"].append({"name": name, "why": why})
+            else:
+                record["skipped"] = why
+            where = f"{section} {name}"
+        else:
+            where = "outside a case"
+            why = "the budget ran out; the watchdog ended the check"
+        for section in SECTIONS:
+            if section not in self.results:
+                self.results[section] = {"skipped": f"not run: {where} {why}"}
+        self.results["status"] = "out of time"
+        self.results["watchdog"] = {
+            "case": where,
+            "why": why,
+            "at_s": round(now - START, 1),
+            "main_thread_stack": stack,
+        }
+        self.log(f"[watchdog] {where}: {why}; the main thread was at:\n{stack}")
+        for attempt in range(3):  # the main thread may be changing the results
+            try:
+                self.flush()
+                break
+            except RuntimeError:
+                time.sleep(0.05)
 
     def run_cases(self, section, cases, run_one, deadline, cost):
         """Runs `run_one(name, case)` for each `(name, case)` before
@@ -203,9 +290,13 @@ class Check:
                 self.log(f"[{section}] skipped {name}: {why}")
                 continue
             started = time.monotonic()
+            self.running = (section, name, min(deadline, self.budget.end))
             try:
-                with self.budget.limit(deadline):
-                    result = run_one(name, case)
+                try:
+                    with self.budget.limit(deadline):
+                        result = run_one(name, case)
+                finally:
+                    self.running = None
             except OutOfTime:
                 seconds = time.monotonic() - started
                 why = f"interrupted at the section's deadline after {seconds:.0f} s"
@@ -526,6 +617,8 @@ def main(argv=None):
     check = Check(args)
     check.log(f"gpu_check {args.backend}: budget {args.budget_s} s, {platform.node()}")
     check.flush()
+    check.start_watchdog()
+    check.running = ("environment", "start", check.budget.end)
     try:
         with check.budget.limit(check.budget.end):
             device = start(check, args)
@@ -537,6 +630,8 @@ def main(argv=None):
         check.log(f"gpu_check {args.backend}: {why}")
         check.flush()
         return 0
+    finally:
+        check.running = None
     if device is None:
         return 2
     tests_s = min(SIZES[args.quick]["tests_s"], 0.3 * args.budget_s)

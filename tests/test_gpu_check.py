@@ -174,7 +174,11 @@ def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
     assert results is not None and all(s in results for s in SECTIONS)
     assert results["elapsed_s"] < budget
     assert wall < budget + 15  # the interpreter's start and exit
-    if results["status"] == "out of time":  # while Keras started (a busy machine)
+    if results["status"] == "out of time" and "watchdog" in results:
+        # A case did not return after its deadline: cut off, and said.
+        case = results["watchdog"]["case"]
+        assert case.split()[0] in SECTIONS and "watchdog" in done.stdout, results
+    elif results["status"] == "out of time":  # while Keras started (a busy machine)
         assert all(results[s]["skipped"] for s in SECTIONS), results
     else:
         assert results["status"] == "passed"
@@ -187,6 +191,56 @@ def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
         for entry in results["correctness"]["skipped"] + results["timings"]["skipped"]:
             assert entry["why"] and entry["name"]
     assert len(list(tmp_path.iterdir())) <= 6
+
+
+def test_a_case_that_ignores_its_deadline_is_cut_off_by_the_watchdog(tmp_path):
+    """The timer's exception reaches Python code only; a case stuck in
+    native code, or in a library that swallows the exception (here: the
+    first correctness case swallows it every time), must not keep the check
+    past its budget: the watchdog ends the process a grace period after the
+    case's deadline, with the case, the reason and where it was stuck
+    written to the JSON, exit 0."""
+    budget = 30
+    code = f"""
+import importlib.util, sys, time
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+import gpu_parity
+
+def stuck_case(*args, **kwargs):
+    while True:
+        try:
+            time.sleep(0.05)
+        except BaseException:
+            pass
+
+gpu_parity.run_case = stuck_case
+spec = importlib.util.spec_from_file_location("gpu_check", {str(SCRIPT)!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.exit(module.main({["--backend", BACKEND, "--budget-s", str(budget), "--out",
+                      str(tmp_path), "--device", "cpu", "--quick"]!r}))
+"""
+    env = dict(os.environ, KERAS_BACKEND=BACKEND, PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=budget + 120,
+    )
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert wall < budget + 15
+    results = json.loads((tmp_path / f"gpu_check-{BACKEND}.json").read_text())
+    assert results["status"] == "out of time" and results["elapsed_s"] < budget
+    assert "watchdog" in results, results  # else the stuck case never ran
+    watchdog = results["watchdog"]
+    first = results["correctness"]["skipped"][0]
+    assert watchdog["case"] == f"correctness {first['name']}"
+    assert "did not return" in first["why"] and "watchdog" in first["why"]
+    assert "stuck_case" in watchdog["main_thread_stack"]
+    for section in ("timings", "tests"):
+        assert results[section]["skipped"].startswith("not run: correctness")
+    log = (tmp_path / f"gpu_check-{BACKEND}.log").read_text()
+    assert "[watchdog]" in log and "stuck_case" in log
 
 
 def test_a_wrong_result_fails_its_case(monkeypatch):
