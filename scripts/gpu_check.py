@@ -40,13 +40,10 @@ end; of the time before them, correctness gets up to 45%, the timings the
 rest. Before each case it estimates the case's time from the
 cases before it and skips what would not fit; a case still running at its
 section's deadline is interrupted (a timer); both are recorded under the
-section's `skipped`. The timer's exception reaches Python code only: a
-case that does not return within a grace period after its deadline (a
-backend call waiting in native code, or a library that swallows the
-exception) is cut off by a watchdog thread, which records the case and the
-main thread's stack, writes the JSON with status "out of time" and ends
-the process; `faulthandler` ends it just before the budget if even that
-thread cannot run. The JSON is rewritten (atomically) after every case,
+section's `skipped`. A case that does not return within a grace period
+after its deadline is cut off by a watchdog (`scripts/gpu_budget.py`): the
+JSON says which case and where it was stuck, with status "out of time".
+The JSON is rewritten (atomically) after every case,
 so a check killed from outside still leaves its results.
 
 Files in `--out` (at most 3): `gpu_check-<backend>.json` (everything),
@@ -55,19 +52,17 @@ tests' output) and `gpu_check-<backend>-profile.txt` (the kernels the
 profiler saw in the first timing case).
 
 Exit status: 0 when every comparison passed and the tests passed (skipped
-or cut-off work included); 1 when a comparison failed, a case raised or a test failed;
-2 for bad arguments.
+or cut-off work included); 1 when a comparison failed, a case raised or a
+test failed; 2 for bad arguments.
 """
 
 import argparse
 import contextlib
-import faulthandler
 import importlib.util
 import json
 import os
 import pathlib
 import platform
-import signal
 import subprocess
 import sys
 import threading
@@ -77,6 +72,9 @@ import traceback
 START = time.monotonic()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's package, not an installed one
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu_budget import Budget, OutOfTime, start_watchdog  # noqa: E402
 
 # Sizes of the cases (batch, time, features, units), repeats and warm-up.
 SIZES = {
@@ -116,56 +114,6 @@ SMOKE_QUICK = [
 SECTIONS = ("environment", "correctness", "timings", "tests")
 # Share of the time before the tests that the correctness section may use.
 CORRECTNESS_SHARE = 0.45
-# Seconds a case may run past its deadline before the watchdog cuts it off
-# (an XLA or cuDNN call started before the deadline may need them to return).
-GRACE_S = (5.0, 20.0)
-
-
-class OutOfTime(BaseException):
-    """A section's deadline passed (a `BaseException`, so that no
-    `except Exception` on the way swallows it)."""
-
-
-class Budget:
-    """The clock of the check: `end` is `--budget-s` after the start, less
-    a reserve for writing the files."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-        self.reserve = min(5.0, 0.05 * seconds)
-        self.end = START + seconds - self.reserve
-
-    def left(self, deadline=None):
-        return min(deadline or self.end, self.end) - time.monotonic()
-
-    @property
-    def grace(self):
-        return min(max(GRACE_S[0], 0.1 * self.seconds), GRACE_S[1])
-
-    @property
-    def hard_end(self):
-        """Where the watchdog ends the check whatever runs."""
-        return START + self.seconds - 0.6 * self.reserve
-
-    @contextlib.contextmanager
-    def limit(self, deadline):
-        """Raises `OutOfTime` in the block when `deadline` passes, and again
-        every half second after it (a library's bare `except:` may swallow
-        one)."""
-        left = self.left(deadline)
-        if left <= 0:
-            raise OutOfTime()
-
-        def expired(signum, frame):
-            raise OutOfTime()
-
-        previous = signal.signal(signal.SIGALRM, expired)
-        signal.setitimer(signal.ITIMER_REAL, left, 0.5)
-        try:
-            yield
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
 
 
 class Check:
@@ -180,7 +128,7 @@ class Check:
         self.log_path = self.out / f"{stem}.log"
         self.profile_path = self.out / f"{stem}-profile.txt"
         self.log_path.write_text("")
-        self.budget = Budget(args.budget_s)
+        self.budget = Budget(args.budget_s, START)
         self.failures = []
         # (section, case name, deadline) of the case that runs, for the watchdog.
         self.running = None
@@ -208,30 +156,10 @@ class Check:
             os.replace(tmp, self.json_path)
 
     def start_watchdog(self):
-        """Starts the watchdog thread and arms `faulthandler` as its
-        backstop (see the module's docstring)."""
+        """Starts the watchdog (`gpu_budget.start_watchdog`): a case
+        that does not return after its deadline ends the check."""
         self.fault_log = open(self.log_path, "a")
-        backstop = START + self.budget.seconds - 0.2 * self.budget.reserve
-        faulthandler.dump_traceback_later(
-            max(backstop - time.monotonic(), 0.1), exit=True, file=self.fault_log
-        )
-        watchdog = threading.Thread(target=self.watch, name="watchdog", daemon=True)
-        watchdog.start()
-
-    def watch(self):
-        main = threading.main_thread().ident
-        while True:
-            time.sleep(0.2)
-            running = self.running
-            limit = self.budget.hard_end
-            if running is not None:
-                limit = min(limit, running[2] + self.budget.grace)
-            if time.monotonic() >= limit:
-                break
-        stack = "".join(traceback.format_stack(sys._current_frames().get(main)))
-        self.cut_off(running, stack)
-        sys.stdout.flush()
-        os._exit(0)
+        start_watchdog(self.budget, lambda: self.running, self.cut_off, self.fault_log)
 
     def cut_off(self, running, stack):
         """Records the case that did not return (or the budget's end) and
