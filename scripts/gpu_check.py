@@ -31,7 +31,7 @@ Sections, in order, each written to the JSON as soon as it ends:
 Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
 `mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
 timing case), B=6 T=7 D=3 U=4 (the edge batch). `--quick`: every section
-at tiny sizes, 4 of the 32 correctness cases (each value of each factor)
+at tiny sizes, 2 of the 32 correctness cases (each value of each factor)
 and 2 timing cases (pre-padded; post-padded and long).
 
 The budget: the check stops itself before `--budget-s` seconds (counted
