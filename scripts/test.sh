@@ -29,6 +29,7 @@ wheel_pid=$!
 for backend in tensorflow jax torch; do
   echo "=== KERAS_BACKEND=$backend ==="
   KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+    --no-loadscope-reorder \
     --deselect "tests/test_notebooks.py::test_notebook_runs[01_quickstart]" \
     --durations=15 "$@" || status=1
 done

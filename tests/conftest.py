@@ -130,11 +130,11 @@ def pytest_collection_modifyitems(config, items):
     TensorFlow traces and JAX on a CPU compiles every new model, tens of
     seconds for a page of examples). Set `MASKEDRNN_TEST_EVERY_BACKEND=1`
     to run them under every backend.
+
+    Then orders the test files for pytest-xdist (`_slow_files_first`).
     """
-    if EVERY_BACKEND:
-        return
     backend = keras.backend.backend()
-    for item in items:
+    for item in items if not EVERY_BACKEND else []:
         marker = item.get_closest_marker("on_backends")
         if marker is not None and backend not in marker.args:
             item.add_marker(
@@ -143,6 +143,29 @@ def pytest_collection_modifyitems(config, items):
                     "(MASKEDRNN_TEST_EVERY_BACKEND=1 runs it here too)"
                 )
             )
+    _slow_files_first(items)
+
+
+def _slow_files_first(items):
+    """Files with a test marked `slow` first, then by their number of tests,
+    most first (each file's own order kept).
+
+    scripts/test.sh hands whole files to two pytest-xdist workers in this
+    order (`--dist loadfile --no-loadscope-reorder`). xdist's own order
+    (number of tests alone) left a file of a few long tests (torch.compile,
+    the GPU check's rehearsal) to the end, where one worker ran it while
+    the other had finished.
+    """
+    files = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    slow = {
+        name
+        for name, tests in files.items()
+        if any(t.get_closest_marker("slow") for t in tests)
+    }
+    order = sorted(files, key=lambda name: (name not in slow, -len(files[name])))
+    items[:] = [item for name in order for item in files[name]]
 
 
 @pytest.hookimpl(wrapper=True)
