@@ -107,8 +107,8 @@ SMOKE = [
     "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
 ]
 SMOKE_TORCH = ["tests/test_torch_kernels.py"]
+# --quick: one short test shows the section runs pytest and records it.
 SMOKE_QUICK = [
-    "tests/test_bench_kernels.py::test_profile_runs_and_says_what_it_saw",
     "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
 ]
 SECTIONS = ("environment", "correctness", "timings", "tests")
