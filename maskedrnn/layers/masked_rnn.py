@@ -261,19 +261,18 @@ class MaskedRNN(direction.MaskedWrapper):
                 x, steps = ops.flip(x, 1), steps.flipped()
             if steps.masked:
                 read_mask = steps.mask
-                x = steps.valid_first(x)
         if plan.route == "fused":
-            # The backend's one-call way: one kernel call, zeros at padding.
-            if steps.masked:
-                x = direction.zero_padding(x, steps)
+            # The backend's one-call way: one kernel call on valid-first
+            # data with zeros at padding (`MaskedBidirectional`'s input too).
             y, states = backends.current().run_fused(
-                plan.way(), [self.layer], x, steps, [state], training,
-                self.return_state,
+                plan.way(), [self.layer], direction.valid_first_zeroed(x, steps),
+                steps, [state], training, self.return_state,
             )
             states = states[0]
         else:
             y, states = direction.run(
-                plan.way(), self.layer, x, steps, state, training, self.return_state
+                plan.way(), self.layer, steps.valid_first(x), steps, state,
+                training, self.return_state,
             )
         if self.return_sequences:
             if read_mask is not None:
