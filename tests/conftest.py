@@ -133,8 +133,14 @@ def pytest_collection_modifyitems(config, items):
 
     Then orders the test files for pytest-xdist (`_slow_files_first`).
     """
+    if not EVERY_BACKEND:
+        _skip_other_backends(items)
+    _slow_files_first(items)
+
+
+def _skip_other_backends(items):
     backend = keras.backend.backend()
-    for item in items if not EVERY_BACKEND else []:
+    for item in items:
         marker = item.get_closest_marker("on_backends")
         if marker is not None and backend not in marker.args:
             item.add_marker(
@@ -143,7 +149,6 @@ def pytest_collection_modifyitems(config, items):
                     "(MASKEDRNN_TEST_EVERY_BACKEND=1 runs it here too)"
                 )
             )
-    _slow_files_first(items)
 
 
 def _slow_files_first(items):
