@@ -218,13 +218,13 @@ def test_demo_command_quiets_tensorflow_unless_the_user_chose_a_level():
     assert not is_demo_command(["python", "-m", "pytest", "maskedrnn"])
     assert not is_demo_command(["python", "train.py", "-m"])
     environ = {}
-    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
     assert environ == {"TF_CPP_MIN_LOG_LEVEL": "2"}
     environ = {"TF_CPP_MIN_LOG_LEVEL": "0"}
-    quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
+    assert not quiet_tensorflow(["python", "-m", "maskedrnn"], environ)
     assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0"}  # the user's level wins
     environ = {}
-    quiet_tensorflow(["python", "-m", "pytest"], environ)
+    assert not quiet_tensorflow(["python", "-m", "pytest"], environ)
     assert environ == {}  # other programs are left alone
 
 

@@ -201,6 +201,8 @@ FRAMEWORKS = ("tensorflow", "jax", "jaxlib", "torch")
 ALLOWED_IMPORTS = {
     "export.py": {"tensorflow"},
     "bucketing.py": {"tensorflow"},
+    # Loads TensorFlow with stderr silenced, for the demo command only.
+    "_quiet_demo.py": {"tensorflow"},
 }
 
 
