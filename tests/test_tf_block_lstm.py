@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from tests.helpers import BACKEND, lengths_to_mask, to_np
+from tests.helpers import BACKEND, lengths_to_mask, record_calls, to_np
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -324,3 +324,151 @@ def test_portable_block_runs_keras_layers():
     assert not backends.portable_only()
     for a, e in zip(got, ref(x, mask=mask)):
         np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
+
+
+def tier_mask(batch, time, seed):
+    """Every padding pattern over `batch` rows: random lengths, full and
+    empty rows, pre-padding and holes."""
+    rng = np.random.default_rng(seed)
+    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
+    m[0] = True  # full
+    m[1] = False  # empty
+    m[2] = m[2][::-1]  # pre-padded
+    m[3, ::2] = False  # holes
+    return m
+
+
+def tier_sizes(monkeypatch):
+    """The `x` of each `block_lstm` call: `(time, rows, features)`."""
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    calls = record_calls(monkeypatch, tensorflow_block_lstm, "block_lstm")
+    return lambda: [tuple(to_np(a).shape[:2]) for a in calls]
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("batch, tiers", [(16, 2), (37, 4), (64, 8)])
+def test_rows_run_in_tiers_by_length(wrapper, batch, tiers, monkeypatch):
+    """Rows sorted by length run in tiers of at least 8 rows (at most 8);
+    each tier stops where the longest row outside it ends. Outputs, final
+    states and every gradient equal Keras' masked layer's."""
+    time = 9
+    sizes = tier_sizes(monkeypatch)
+    ours, ref = pair(wrapper)
+    x = np.random.default_rng(batch).standard_normal((batch, time, D))
+    mask = tier_mask(batch, time, seed=batch)
+    rng = np.random.default_rng(1)
+    n = 4 if wrapper == "bidirectional" else 2
+    init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
+    with backends.force(WAY):
+        assert_matches(ours, ref, x.astype("float32"), initial_state=init, mask=mask)
+    directions = 2 if wrapper == "bidirectional" else 1
+    calls = sizes()
+    assert len(calls) == tiers * directions
+    # Each direction's tiers: fewer rows each, as many steps in all as the
+    # longest row.
+    for first in range(0, len(calls), tiers):
+        rows = [r for _, r in calls[first : first + tiers]]
+        assert rows == sorted(rows, reverse=True) and rows[-1] < batch
+        assert sum(t for t, _ in calls[first : first + tiers]) == mask.sum(1).max()
+    # Fewer steps computed than the batch's longest row times its rows.
+    computed = sum(t * r for t, r in calls)
+    assert computed < directions * batch * mask.sum(1).max()
+
+
+@pytest.mark.parametrize(
+    "lengths", ["full", "empty", "one long row"], ids=lambda s: s.replace(" ", "-")
+)
+def test_tiers_with_steps_to_skip_or_none(lengths, monkeypatch):
+    """Tiers that run no step (every row as long, every row empty, one row
+    longer than the rest) pass their rows' states on unchanged."""
+    batch = 24
+    full = np.full(batch, T, "int32")
+    lengths = {
+        "full": full,
+        "empty": np.zeros(batch, "int32"),
+        "one long row": np.where(np.arange(batch) == 5, T, 2).astype("int32"),
+    }[lengths]
+    ours, ref = pair("rnn")
+    sizes = tier_sizes(monkeypatch)
+    x = np.random.default_rng(3).standard_normal((batch, T, D)).astype("float32")
+    got, got_grads = outputs_and_grads(ours, x, lengths=lengths)
+    want, want_grads = outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
+    for a, e in zip(got + got_grads, want + want_grads):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
+    assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
+
+
+@pytest.mark.parametrize("batch", [0, 1, 3, 40])
+def test_tiers_with_an_unknown_batch_size(batch):
+    """Traced with a `None` batch dimension the batch runs in
+    `UNKNOWN_BATCH_TIERS` tiers, some of them empty for a small batch (an
+    empty batch too: empty outputs, zero gradients)."""
+    ours, ref = pair("bidirectional")
+    time = 6
+    x = np.random.default_rng(batch).standard_normal((batch, time, D))
+    x = tf.constant(x.astype("float32"))
+    mask = tf.constant(tier_mask(max(batch, 4), time, seed=2)[:batch])
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((None, None, D)),
+            tf.TensorSpec((None, None), tf.bool),
+        ]
+    )
+    def step(x, mask):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = ours(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+
+    with backends.force(WAY):
+        outs, grads = step(x, mask)
+    if batch == 0:  # Keras' LSTMCell raises on an empty batch.
+        assert [tuple(o.shape) for o in outs] == [(0, time, 2 * U)] + [(0, U)] * 4
+        assert [tuple(g.shape) for g in grads[1:]] == [
+            tuple(w.shape) for w in ours.trainable_variables
+        ]
+        assert not any(np.any(to_np(g)) for g in grads)
+        return
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        want = ref(x, mask=mask)
+        loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in want)
+    want_grads = tape.gradient(loss, [x] + ref.trainable_variables)
+    for a, e in zip(list(outs) + grads, list(want) + want_grads):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5, rtol=1e-4)
+
+
+def test_mixed_precision_in_tiers():
+    """float16 tiers (and the gradient sums over steps, done in float32)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        ours, ref = pair("rnn")
+        x = np.random.default_rng(4).standard_normal((32, T, D)).astype("float32")
+        with backends.force(WAY):
+            assert_matches(ours, ref, x, atol=5e-3, mask=tier_mask(32, T, seed=4))
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def test_eager_gradients_over_several_shapes():
+    """Eagerly the gradient's step loop runs as a graph traced with relaxed
+    shapes after a few calls (`tf.function(reduce_retracing=True)`, the
+    unit count unknown too): every shape still gives Keras' gradients."""
+    for batch, time, features, units in [(16, 5, 3, 4), (9, 8, 2, 3), (24, 3, 5, 2)]:
+        ref = keras.layers.LSTM(
+            units, use_cudnn=False, return_sequences=True, return_state=True
+        )
+        ours = MaskedRNN(
+            keras.layers.LSTM(units, return_sequences=True, return_state=True)
+        )
+        ref.build((None, None, features))
+        ours.build((None, None, features))
+        ours.set_weights(ref.get_weights())
+        x = np.random.default_rng(batch).standard_normal((batch, time, features))
+        mask = tier_mask(batch, time, seed=1)
+        with backends.force(WAY):
+            assert_matches(ours, ref, x.astype("float32"), mask=mask)

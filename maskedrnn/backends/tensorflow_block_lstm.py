@@ -2,13 +2,20 @@
 
 The `"tf-block-lstm"` way of the TensorFlow backend. `tf.raw_ops.BlockLSTMV2`
 (the op behind TF1's `LSTMBlockFusedCell`) runs a whole LSTM sequence in one
-kernel, with a registered gradient, on a CPU where Keras has no fused LSTM
-kernel. Its equations are Keras' `LSTM` with the default activations: gates in
-Keras' order (input, forget, candidate, output), no forget bias added, weights
-`concat([kernel, recurrent_kernel])`, Keras' bias, no peepholes and no cell
-clipping. It returns every step's `h` and cell state `cs`, so the final
-`[h, c]` of each row of valid-first data is one gather at step `lengths - 1`:
-exact, with no masked loop and no recomputation of `c`.
+kernel, on a CPU where Keras has no fused LSTM kernel. Its equations are
+Keras' `LSTM` with the default activations: gates in Keras' order (input,
+forget, candidate, output), no forget bias added, weights `concat([kernel,
+recurrent_kernel])`, Keras' bias, no peepholes and no cell clipping. It
+returns every step's `h` and cell state `cs`, so the final `[h, c]` of each
+row of valid-first data is one gather at step `lengths - 1`: exact, with no
+masked loop and no recomputation of `c`.
+
+The op runs every row to the same step, so the rows, sorted by length, run
+in tiers (`_run_tiers`): a group of rows leaves the computation once its
+longest row has ended, and few padded steps are computed. Its gradient
+(`_backward`) steps back with the per-step gate gradients of
+`LSTMBlockCellGrad` and computes the gradients of the inputs and weights in
+one matmul each.
 
 It runs only where those equations are the layer's (`why_not`): a
 `keras.layers.LSTM` with `tanh` / `sigmoid` activations and no recurrent
@@ -138,25 +145,27 @@ def describe(inner):
     """The `kernel_info()` sentence of the way."""
     return (
         "TensorFlow's fused LSTM kernel (tf.raw_ops.BlockLSTMV2) over "
-        "valid-first data, unmasked; the final [h, c] read from its per-step "
-        "h and cell states at each row's last valid step (exact, no "
+        "valid-first data, unmasked, its rows sorted by length and leaving "
+        "in groups once a group has ended; the final [h, c] read from its "
+        "per-step h and cell states at each row's last valid step (exact, no "
         "recomputation); in functions XLA compiles (jit_compile=True) Keras' "
         "layer runs instead, the op having no XLA kernel"
     )
 
 
-def block_lstm(seq_len_max, x, h0, c0, weights, bias):
-    """`BlockLSTMV2` over time-major `x`, with its correct gradient.
+def block_lstm(x, h0, c0, weights, bias):
+    """`BlockLSTMV2` over every step of time-major `x`, with its gradient.
 
     TensorFlow registers the gradient of `BlockLSTM` (`BlockLSTMGrad`, whose
     gates are in another order) for `BlockLSTMV2` too, which gives wrong
-    gradients for every input; this computes them with `BlockLSTMGradV2`,
-    the gradient op of `BlockLSTMV2`.
+    gradients for every input. This one (`_backward`) walks the steps back
+    with `LSTMBlockCellGrad` (the gate gradients of one step) and one
+    recurrent matmul per step, then computes the gradients of `x`, the
+    weights and the bias in one matmul each over all steps, where
+    `BlockLSTMGradV2` runs those matmuls step by step.
 
     Args:
-        seq_len_max: Int64 scalar, the number of steps to run (steps past
-            it output zeros).
-        x: `(time, batch, features)`.
+        x: `(time, batch, features)`; every step is run.
         h0, c0: `(batch, units)`.
         weights: `(features + units, 4 * units)`, `concat([kernel,
             recurrent_kernel])`, gates in Keras' order (i, f, c, o).
@@ -170,8 +179,8 @@ def block_lstm(seq_len_max, x, h0, c0, weights, bias):
     @tf.custom_gradient
     def fused(x, h0, c0, weights, bias):
         no_peephole = tf.zeros(tf.shape(h0)[1:], x.dtype)
-        args = dict(
-            seq_len_max=seq_len_max,
+        gates = tf.raw_ops.BlockLSTMV2(
+            seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
             x=x,
             cs_prev=c0,
             h_prev=h0,
@@ -181,27 +190,209 @@ def block_lstm(seq_len_max, x, h0, c0, weights, bias):
             wco=no_peephole,
             b=bias,
             use_peephole=False,
+            cell_clip=-1.0,  # <= 0: no clipping of the cell state
         )
-        # cell_clip <= 0: no clipping of the cell state.
-        i, cs, f, o, ci, co, h = tf.raw_ops.BlockLSTMV2(cell_clip=-1.0, **args)
+        cs, h = gates[1], gates[6]
+        # (features, units), static: the graph of the gradient may be traced
+        # with relaxed shapes.
+        units = weights.shape[1] // 4
+        sizes = (weights.shape[0] - units, units)
 
         def grad(cs_grad, h_grad):
-            cs_grad = tf.zeros_like(cs) if cs_grad is None else cs_grad
-            h_grad = tf.zeros_like(h) if h_grad is None else h_grad
-            grads = tf.raw_ops.BlockLSTMGradV2(
-                i=i, cs=cs, f=f, o=o, ci=ci, co=co, h=h,
-                cs_grad=cs_grad, h_grad=h_grad, **args,
-            )  # fmt: skip
-            x_grad, c0_grad, h0_grad, w_grad = grads[:4]
-            return x_grad, h0_grad, c0_grad, w_grad, grads[7]
+            # Eagerly, the step loop runs as a graph (`_backward_graph`).
+            backward = _backward_graph if tf.executing_eagerly() else _backward
+            return backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes)
 
         return (cs, h), grad
 
     return fused(x, h0, c0, weights, bias)
 
 
+def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes):
+    """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
+
+    `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
+    `cs_grad`, `h_grad` the incoming gradients of `cs` and `h` (None when
+    one is not used); `sizes` the ints `(features, units)`.
+    `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`, which orders its gates i, c,
+    f, o) gives one step's gate gradients and the cell state's gradient to
+    the step before.
+    """
+    i, cs, f, o, ci, co, h = gates
+    dtype = x.dtype
+    features, units = sizes
+    steps = tf.shape(x)[0]
+    w_x, w_h = weights[:features], weights[features:]
+    w_i, w_f, w_c, w_o = tf.split(w_h, 4, axis=1)
+    # The recurrent matmul of the gate gradients in LSTMBlockCellGrad's order.
+    w_h_icfo = tf.transpose(tf.concat([w_i, w_c, w_f, w_o], axis=1))
+    cs_prev = tf.concat([c0[None], cs], axis=0)[:-1]
+    h_prev = tf.concat([h0[None], h], axis=0)[:-1]
+    no_peephole = tf.zeros((units,), dtype)
+    # The op only checks the shapes of x, w and b: no inputs, w = w_h.
+    no_x = tf.zeros((tf.shape(h0)[0], 0), dtype)
+    zero_bias = tf.zeros((4 * units,), dtype)
+    if cs_grad is None:
+        cs_grad = tf.zeros_like(cs)
+    if h_grad is None:
+        h_grad = tf.zeros_like(h)
+    gate_grads = tf.TensorArray(
+        dtype, size=steps, element_shape=tf.TensorShape([None, 4 * units])
+    )
+
+    def step(t, dh, dc, gate_grads):
+        dc, dicfo, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
+            x=no_x,
+            cs_prev=cs_prev[t],
+            h_prev=h_prev[t],
+            w=w_h,
+            wci=no_peephole,
+            wcf=no_peephole,
+            wco=no_peephole,
+            b=zero_bias,
+            i=i[t],
+            cs=cs[t],
+            f=f[t],
+            o=o[t],
+            ci=ci[t],
+            co=co[t],
+            cs_grad=cs_grad[t] + dc,
+            h_grad=h_grad[t] + dh,
+            use_peephole=False,
+        )
+        dh = tf.matmul(dicfo, w_h_icfo)
+        return t - 1, dh, dc, gate_grads.write(t, dicfo)
+
+    _, h0_grad, c0_grad, gate_grads = tf.while_loop(
+        lambda t, *_: t >= 0,
+        step,
+        (steps - 1, tf.zeros_like(h0), tf.zeros_like(c0), gate_grads),
+    )
+    # An empty TensorArray of unknown batch size does not stack.
+    gate_grads = tf.cond(
+        steps > 0,
+        gate_grads.stack,
+        lambda: tf.zeros((0, tf.shape(h0)[0], 4 * units), dtype),
+    )
+    d_i, d_c, d_f, d_o = tf.split(gate_grads, 4, axis=2)
+    # All steps at once, in Keras' gate order; sums over the steps in
+    # float32 (float16 when computing in float16 would lose the small ones).
+    d = tf.reshape(tf.concat([d_i, d_f, d_c, d_o], 2), (-1, 4 * units))
+    d = tf.cast(d, "float32")
+    x_flat = tf.cast(tf.reshape(x, (-1, features)), "float32")
+    h_flat = tf.cast(tf.reshape(h_prev, (-1, units)), "float32")
+    x_grad = tf.matmul(d, tf.cast(w_x, "float32"), transpose_b=True)
+    weights_grad = tf.concat(
+        [
+            tf.matmul(x_flat, d, transpose_a=True),
+            tf.matmul(h_flat, d, transpose_a=True),
+        ],
+        axis=0,
+    )
+    return (
+        tf.cast(tf.reshape(x_grad, tf.shape(x)), dtype),
+        h0_grad,
+        c0_grad,
+        tf.cast(weights_grad, dtype),
+        tf.cast(tf.reduce_sum(d, axis=0), dtype),
+    )
+
+
+_backward_graph = tf.function(_backward, reduce_retracing=True)
+
+
+# Rows sorted by length run in tiers (`_tier_count`): tier k holds the
+# longest rows and runs only until the longest row of the tiers after it
+# ends, so most of the padded steps are never computed.
+TIER_ROWS = 8
+MAX_TIERS = 8
+UNKNOWN_BATCH_TIERS = 4
+
+
+def _tier_count(batch):
+    """Tiers of at least `TIER_ROWS` rows, at most `MAX_TIERS`; a batch of
+    unknown size (traced with a `None` batch dimension) gets
+    `UNKNOWN_BATCH_TIERS`."""
+    if batch is None:
+        return UNKNOWN_BATCH_TIERS
+    return max(1, min(MAX_TIERS, batch // TIER_ROWS))
+
+
+def _run_tiers(x, h0, c0, lengths, weights, bias, tiers, want_states):
+    """`block_lstm` over batch-major valid-first `x`, rows sorted by
+    length and split in `tiers` groups: with rows `[0, m_k)` of the sorted
+    batch, tier k runs from where tier k - 1 stopped until the longest row
+    outside it ends (the longest row of all for the last tier), carrying
+    its rows' `[h, c]` on. Steps past a row's length compute values the
+    caller ignores, steps past the longest row output zeros.
+
+    Returns `(h, cs)`, each `(batch, time, units)`, in the order of
+    `x`'s rows; `cs` None unless `want_states`.
+    """
+    batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
+    time = tf.shape(x)[1]
+    if tiers == 1:
+        order = None
+        ends = tf.reduce_max(tf.concat([lengths, [0]], axis=0))[None]
+    else:
+        order = tf.argsort(lengths, direction="DESCENDING", stable=True)
+        inverse = tf.math.invert_permutation(order)
+        x, h0, c0 = (_permute_rows(a, order, inverse) for a in (x, h0, c0))
+        # A trailing 0: the end of a tier holding every row.
+        sorted_lengths = tf.concat([tf.gather(lengths, order), [0]], axis=0)
+        ends = tf.stack(
+            [sorted_lengths[batch * (tiers - k - 1) // tiers] for k in range(tiers)]
+        )
+    rows = [batch * (tiers - k) // tiers for k in range(tiers)]
+    sizes = ends - tf.concat([[0], ends[:-1]], axis=0)
+    sizes = tf.concat([sizes, [time - ends[-1]]], axis=0)
+    segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
+    h, c = h0, c0
+    hs, css = [], []
+    for k in range(tiers):
+        x_k = segments[k]
+        if k:
+            h = tf.split(h, [rows[k], rows[k - 1] - rows[k]])[0]
+            c = tf.split(c, [rows[k], rows[k - 1] - rows[k]])[0]
+            x_k = tf.split(x_k, [rows[k], batch - rows[k]], axis=1)[0]
+        cs_k, h_k = block_lstm(x_k, h, c, weights, bias)
+        if k + 1 < tiers:
+            # The state after the tier's last step (its input if no steps).
+            h = tf.concat([h[None], h_k[-1:]], axis=0)[-1]
+            c = tf.concat([c[None], cs_k[-1:]], axis=0)[-1]
+        if k:
+            rest = [[0, 0], [0, batch - rows[k]], [0, 0]]
+            h_k, cs_k = tf.pad(h_k, rest), tf.pad(cs_k, rest)
+        hs.append(h_k)
+        css.append(cs_k)
+    past = tf.zeros((sizes[tiers], batch, h0.shape[-1]), x.dtype)
+    h = tf.transpose(tf.concat(hs + [past], axis=0), (1, 0, 2))
+    cs = None
+    if want_states:
+        cs = tf.transpose(tf.concat(css + [past], axis=0), (1, 0, 2))
+    if order is not None:
+        h = _permute_rows(h, inverse, order)
+        cs = None if cs is None else _permute_rows(cs, inverse, order)
+    return h, cs
+
+
+def _permute_rows(x, order, inverse):
+    """`x[order]` for a permutation `order` of its rows, with `inverse` its
+    inverse: the gradient is `grad[inverse]`, one gather (`tf.gather`'s own
+    gradient sums into a zero tensor)."""
+
+    @tf.custom_gradient
+    def permute(x):
+        return tf.gather(x, order), lambda grad: tf.gather(grad, inverse)
+
+    return permute(x)
+
+
 def run(inner, x, initial_state, steps, want_states):
     """Runs `BlockLSTMV2` over valid-first `x`.
+
+    Rows are sorted by length and run in tiers (`_tier_count`): padded
+    steps past the longest row of a tier are not computed.
 
     Args:
         inner: A `keras.layers.LSTM` (`why_not` says None or soft), built.
@@ -234,22 +425,15 @@ def run(inner, x, initial_state, steps, want_states):
         bias = tf.zeros((4 * units,), dtype)
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype)
-    # Steps past the longest row are skipped (the op outputs zeros there).
-    # On a CPU the maximum is read on the host where it is computed: no
-    # device-to-host copy.
-    seq_len_max = tf.cast(tf.reduce_max(steps.lengths), tf.int64)
-    cs, h = block_lstm(seq_len_max, tf.transpose(x, (1, 0, 2)), h0, c0, weights, bias)
-    y = tf.transpose(h, (1, 0, 2))
+    lengths = tf.cast(steps.lengths, "int32")
+    y, cs = _run_tiers(
+        x, h0, c0, lengths, weights, bias, _tier_count(x.shape[0]), want_states
+    )
     if not want_states:
         return y, None
     states = []
-    for seq, start in ((h, h0), (cs, c0)):
-        # Time-major: row b's state after step last[b] is seq[last[b], b].
-        index = tf.stack(
-            [steps.last, tf.range(tf.shape(seq)[1], dtype=steps.last.dtype)],
-            axis=1,
-        )
-        state = tf.gather_nd(seq, index)
+    for seq, start in ((y, h0), (cs, c0)):
+        # Row b's state after step last[b] is seq[b, last[b]].
+        state = tf.gather(seq, steps.last, axis=1, batch_dims=1)
         states.append(tf.where(steps.has_steps, state, start))
     return y, states
-
