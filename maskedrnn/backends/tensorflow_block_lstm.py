@@ -326,26 +326,27 @@ def _run_tiers(x, h0, c0, lengths, weights, bias, tiers, want_states):
     its rows' `[h, c]` on. Steps past a row's length compute values the
     caller ignores, steps past the longest row output zeros.
 
-    Returns `(h, cs)`, each `(batch, time, units)`, in the order of
-    `x`'s rows; `cs` None unless `want_states`.
+    Returns `(h, c)` in the order of `x`'s rows: `h` the outputs `(batch,
+    time, units)`, `c` each row's cell state after its last valid step
+    `(batch, units)` (any value for an empty row), None unless
+    `want_states`.
     """
     batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
     time = tf.shape(x)[1]
     if tiers == 1:
         order = None
-        ends = tf.reduce_max(tf.concat([lengths, [0]], axis=0))[None]
     else:
         order = tf.argsort(lengths, direction="DESCENDING", stable=True)
         inverse = tf.math.invert_permutation(order)
         x, h0, c0 = (_permute_rows(a, order, inverse) for a in (x, h0, c0))
-        # A trailing 0: the end of a tier holding every row.
-        sorted_lengths = tf.concat([tf.gather(lengths, order), [0]], axis=0)
-        ends = tf.stack(
-            [sorted_lengths[batch * (tiers - k - 1) // tiers] for k in range(tiers)]
-        )
-    rows = [batch * (tiers - k) // tiers for k in range(tiers)]
-    sizes = ends - tf.concat([[0], ends[:-1]], axis=0)
-    sizes = tf.concat([sizes, [time - ends[-1]]], axis=0)
+        lengths = tf.gather(lengths, order)
+    # Tier k ends where the longest row of those after it ends: a trailing
+    # 0 for the last tier, which holds every row.
+    rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
+    with_zero = tf.concat([lengths, [0]], axis=0)
+    ends = tf.stack([tf.reduce_max(with_zero[rows[k + 1] :]) for k in range(tiers)])
+    starts = tf.concat([[0], ends[:-1]], axis=0)
+    sizes = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
     segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
     h, c = h0, c0
     hs, css = [], []
@@ -360,20 +361,42 @@ def _run_tiers(x, h0, c0, lengths, weights, bias, tiers, want_states):
             # The state after the tier's last step (its input if no steps).
             h = tf.concat([h[None], h_k[-1:]], axis=0)[-1]
             c = tf.concat([c[None], cs_k[-1:]], axis=0)[-1]
-        if k:
-            rest = [[0, 0], [0, batch - rows[k]], [0, 0]]
-            h_k, cs_k = tf.pad(h_k, rest), tf.pad(cs_k, rest)
-        hs.append(h_k)
         css.append(cs_k)
+        if k:
+            h_k = tf.pad(h_k, [[0, 0], [0, batch - rows[k]], [0, 0]])
+        hs.append(h_k)
     past = tf.zeros((sizes[tiers], batch, h0.shape[-1]), x.dtype)
     h = tf.transpose(tf.concat(hs + [past], axis=0), (1, 0, 2))
-    cs = None
-    if want_states:
-        cs = tf.transpose(tf.concat(css + [past], axis=0), (1, 0, 2))
+    c = _last_cell_states(css, lengths, starts, ends, rows) if want_states else None
     if order is not None:
         h = _permute_rows(h, inverse, order)
-        cs = None if cs is None else _permute_rows(cs, inverse, order)
-    return h, cs
+        c = None if c is None else tf.gather(c, inverse)
+    return h, c
+
+
+def _last_cell_states(css, lengths, starts, ends, rows):
+    """Each row's cell state after its last step, read from the tier whose
+    steps hold it: one gather from the tiers' cell states, flattened
+    (`(steps_k, rows_k, units)` each), with no padded copy of them. Rows
+    in sorted order; an empty row reads a zero row."""
+    units = css[0].shape[-1]
+    flat = [tf.reshape(cs_k, (-1, units)) for cs_k in css]
+    counts = tf.stack([tf.cast(r, "int32") for r in rows[:-1]])
+    offsets = tf.cumsum((ends - starts) * counts, exclusive=True)
+    total = tf.reduce_sum((ends - starts) * counts)
+    flat = tf.concat(flat + [tf.zeros((1, units), css[0].dtype)], axis=0)
+    last = lengths - 1
+    # The tier holding step `last`: the number of tiers that end at or
+    # before it.
+    tier = tf.searchsorted(ends, tf.maximum(last, 0), side="right")
+    tier = tf.minimum(tier, len(css) - 1)
+    row = tf.range(tf.shape(lengths)[0], dtype="int32")
+    index = (
+        tf.gather(offsets, tier)
+        + (last - tf.gather(starts, tier)) * tf.gather(counts, tier)
+        + row
+    )
+    return tf.gather(flat, tf.where(last >= 0, index, total))
 
 
 def _permute_rows(x, order, inverse):
@@ -426,14 +449,11 @@ def run(inner, x, initial_state, steps, want_states):
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype)
     lengths = tf.cast(steps.lengths, "int32")
-    y, cs = _run_tiers(
+    y, c = _run_tiers(
         x, h0, c0, lengths, weights, bias, _tier_count(x.shape[0]), want_states
     )
     if not want_states:
         return y, None
-    states = []
-    for seq, start in ((y, h0), (cs, c0)):
-        # Row b's state after step last[b] is seq[b, last[b]].
-        state = tf.gather(seq, steps.last, axis=1, batch_dims=1)
-        states.append(tf.where(steps.has_steps, state, start))
-    return y, states
+    # Row b's output after step last[b] is y[b, last[b]].
+    h = tf.gather(y, steps.last, axis=1, batch_dims=1)
+    return y, [tf.where(steps.has_steps, h, h0), tf.where(steps.has_steps, c, c0)]
