@@ -5,7 +5,7 @@
 # `python scripts/bench_docs.py` rewrites the pages' tables from the JSON.
 #   scripts/bench_cpu.sh rnn          # only the MaskedRNN runs, left-padded
 # Each run is its own process (the Keras backend and the thread pools are fixed
-# at start). Takes well over half an hour on a 2-core machine.
+# at start). Takes about 45 minutes on a 2-core machine.
 #   scripts/bench_cpu.sh [NAME...]     # default: all; NAME e.g. torch-lstm, jax-rnn-gru
 # BENCH_ARGS, if set, is added to every run's options (scripts/bench_runs.py
 # passes each round's --order-seed this way).
@@ -35,6 +35,12 @@ for b in tensorflow jax torch; do
   RUNS[$b-rnn-simplernn]="$b $RNN --padding pre --cell rnn"
   RUNS[$b-rnn-simplernn-state]="$b $RNN --padding pre --cell rnn --return-state"
 done
+# TensorFlow's fused LSTM kernel at a larger size (B=64 T=200 D=U=128).
+BIG="--batch 64 --time 200 --features 128 --units 128 --lengths uniform:0.2
+     --mode both --repeats 20 --warmup 3 --threads 1 --no-progress"
+BIG=${BIG//$'\n'/ }
+RUNS[tensorflow-lstm-b64-t200-u128]="tensorflow $BIG"
+RUNS[tensorflow-lstm-b64-t200-u128-state]="tensorflow $BIG --return-state"
 names=("$@")
 if [ "${names[*]:-}" = rnn ]; then
   names=()
@@ -51,6 +57,7 @@ if [ ${#names[@]} = 0 ]; then
     done
     names+=("$b-rnn-simplernn" "$b-rnn-simplernn-state")
   done
+  names+=(tensorflow-lstm-b64-t200-u128 tensorflow-lstm-b64-t200-u128-state)
 fi
 status=0
 for name in "${names[@]}"; do
