@@ -325,14 +325,10 @@ def test_long_sequence_memory_is_bounded_by_keras_unmasked():
     traced with None dims on a T=8 warm-up: growth of peak RSS (ru_maxrss)
     of ours, with lengths and with a left-padded mask, against
     keras.layers.Bidirectional without a mask (the inner RNN's own needs: TF
-    keeps every step for the gradient). Numbers measured are in
-    docs/errors.md; an O(T^2) tensor (2 x 2000 x 2000 x 4 units, float32)
-    would add 128 MB per copy. Measured: 14-15 MB for all three at T=2000,
-    48-49 MB at T=8000. The bound is generous on purpose (RSS is coarse):
-    2 x Keras + 32 MB. With `return_state=True` ours also recomputes the
-    LSTM cell state at each row's length (gates of every step plus a tree
-    reduction, both linear in T), measured against Keras with return_state:
-    21.8 MB against 14.9 MB at T=2000."""
+    keeps every step for the gradient), with and without `return_state`.
+    The figures are in docs/errors.md (scripts/memory_probe.py); an O(T^2)
+    tensor (2 x 2000 x 2000 x 4 units, float32) would add 128 MB per copy.
+    The bound is generous on purpose (RSS is coarse): 2 x Keras + 32 MB."""
     keras_mb = _peak_memory_mb("keras", LONG_T)
     for which in ("ours-lengths", "ours-mask"):
         ours_mb = _peak_memory_mb(which, LONG_T)
