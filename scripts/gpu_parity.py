@@ -38,18 +38,6 @@ LAYERS = ("bidirectional", "rnn")
 HOW = ("mask_pre", "lengths_post")
 
 
-def edge_mask():
-    """The edge batch: right- and left-padded rows, holes, an all-padding
-    row, a full row and a one-step row (B=6, T=7)."""
-    m = np.ones((6, 7), bool)
-    m[0, 4:] = False
-    m[1, :3] = False
-    m[2, [1, 3, 4]] = False
-    m[3, :] = False
-    m[5, 1:] = False
-    return m
-
-
 EDGE_LENGTHS = np.array([7, 3, 0, 1, 5, 7], "int32")
 # The edge batch's size.
 EDGE = dict(batch=6, time=7, features=3, units=4)
@@ -96,7 +84,7 @@ def case_data(case, seed):
     x = rng.standard_normal((b, t, d)).astype("float32")
     if case["edge"]:
         if case["how"] == "mask_pre":  # every pattern, holes included
-            mask = edge_mask()
+            mask = config.edge_mask()
         else:
             mask = np.arange(t)[None, :] < EDGE_LENGTHS[:, None]
         directions = 2 if case["layer"] == "bidirectional" else 1

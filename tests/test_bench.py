@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
+from maskedrnn.bench.config import edge_mask
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -457,6 +458,21 @@ def test_make_mask_puts_the_valid_steps_where_each_padding_says():
     assert not np.array_equal(holes, post) and not np.array_equal(holes, pre)
     with pytest.raises(ValueError, match="padding must be one of"):
         bench.make_mask(lengths, 5, "middle")
+
+
+def test_edge_mask_holds_every_padding_pattern_as_documented():
+    mask = edge_mask()
+    assert mask.shape == (6, 7) and mask.dtype == bool
+    rows = ["".join("1" if v else "0" for v in row) for row in mask]
+    assert rows == [
+        "1111000",  # right-padded
+        "0001111",  # left-padded
+        "1010011",  # holes
+        "0000000",  # all padding
+        "1111111",  # full
+        "1000000",  # one step
+    ]
+    assert edge_mask() is not mask  # a fresh array each call
 
 
 def test_valid_first_permutation_moves_valid_steps_first_and_back():

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import backends
+from maskedrnn.bench.config import edge_mask
 from maskedrnn.layers import final_state
 from tests.helpers import (
     assert_close,
@@ -26,17 +27,6 @@ from tests.helpers import (
 )
 
 B, T, D, U = 6, 7, 3, 4
-
-
-def mask_patterns():
-    """Right, left padding, holes, all padding, full, length 1."""
-    m = np.ones((B, T), bool)
-    m[0, 4:] = False
-    m[1, :3] = False
-    m[2, [1, 3, 4]] = False
-    m[3, :] = False
-    m[5, 1:] = False
-    return m
 
 
 @pytest.fixture
@@ -58,7 +48,7 @@ def test_recomputed_lstm_states_match_keras(recomputed, wrapper, go_backwards):
         pytest.skip("Bidirectional has no go_backwards of its own")
     ours, ref = oracle_pair("lstm", U, D, wrapper=wrapper, **kw)
     x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")
-    mask = mask_patterns()
+    mask = edge_mask()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     assert recomputed, "final_state.states_at_length was not used"
     assert "unmasked" in str(ours.kernel_info())
@@ -76,7 +66,7 @@ def test_recomputed_states_keep_initial_state_of_empty_rows(recomputed):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, T, D)).astype("float32")
     h0, c0 = (rng.standard_normal((B, U)).astype("float32") for _ in range(2))
-    mask = mask_patterns()
+    mask = edge_mask()
     out = ours(x, mask=mask, initial_state=[h0, c0])
     expected = ref(x, mask=mask, initial_state=[h0, c0])
     # The states; the last output only where the row has a valid step

@@ -12,6 +12,7 @@ from keras import ops
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional, backends
+from maskedrnn.bench.config import edge_mask
 from tests.helpers import (
     assert_close,
     flat,
@@ -32,18 +33,6 @@ def make_inputs(seed=0):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((B, T, D)).astype("float32")
     return x
-
-
-def mask_patterns():
-    """One batch holding every padding pattern the layer must get right."""
-    m = np.ones((B, T), bool)
-    m[0, 4:] = False  # right-padded, length 4
-    m[1, :3] = False  # left-padded (keras.utils.pad_sequences default)
-    m[2, [1, 3, 4]] = False  # holes
-    m[3, :] = False  # zero-length row
-    # row 4: full length
-    m[5, 1:] = False  # length 1
-    return m
 
 
 def make_cell_layer(kind, **kw):
@@ -92,14 +81,14 @@ def test_matches_keras_bidirectional_with_mask(
         return_sequences=return_sequences,
         return_state=return_state,
     )
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     assert_all_close(ours(x, mask=mask), ref(x, mask=mask))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 def test_gradients_match_keras(kind, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
-    x, mask = make_inputs(1), mask_patterns()
+    x, mask = make_inputs(1), edge_mask()
     loss_o, grads_o = loss_and_grads(ours, x, mask=mask)
     loss_r, grads_r = loss_and_grads(ref, x, mask=mask)
     assert np.isclose(loss_o, loss_r, atol=1e-4)
@@ -112,7 +101,7 @@ def test_gradients_match_keras(kind, way):
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_gradients_match_keras_last_output(kind, way):
     ours, ref = pair(kind, return_sequences=False)
-    x, mask = make_inputs(2), mask_patterns()
+    x, mask = make_inputs(2), edge_mask()
     _, grads_o = loss_and_grads(ours, x, mask=mask)
     _, grads_r = loss_and_grads(ref, x, mask=mask)
     for g_o, g_r in zip(grads_o, grads_r):
@@ -140,7 +129,7 @@ def test_no_mask_equals_unmasked_bidirectional(way):
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_initial_state(kind, grad_mode, way):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
-    x, mask = make_inputs(5), mask_patterns()
+    x, mask = make_inputs(5), edge_mask()
     n = 4 if kind == "lstm" else 2
     rng = np.random.default_rng(7)
     states = [rng.standard_normal((B, U)).astype("float32") for _ in range(n)]
@@ -161,7 +150,7 @@ def test_custom_backward_layer():
             U + 2, return_sequences=True, go_backwards=True, use_cudnn=False
         ),
     )
-    x, mask = make_inputs(6), mask_patterns()
+    x, mask = make_inputs(6), edge_mask()
     ref(x, mask=mask)
     ours(x, mask=mask)
     ours.set_weights(ref.get_weights())
@@ -172,7 +161,7 @@ def test_custom_backward_layer():
 
 def test_padded_steps_are_zero_and_mask_propagates():
     ours, _ = pair("gru", return_sequences=True)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     y = to_np(ours(x, mask=mask))
     assert np.all(y[~mask] == 0)
     assert np.all(np.abs(y[mask]).sum(-1) > 0)
@@ -246,7 +235,7 @@ def test_generic_cells_loop_over_the_callers_mask():
         keras.layers.LSTM(U, recurrent_dropout=0.1)
     ).uses_fast_path
     seen = _spy_masks(layer)
-    mask = mask_patterns()
+    mask = edge_mask()
     layer(make_inputs(), mask=mask)
     assert len(seen) == 2
     np.testing.assert_array_equal(to_np(seen[0]), mask)
@@ -272,7 +261,7 @@ def test_lstm_input_dropout_keeps_exact_cell_state():
         ref.backward_layer.cell,
     ):
         cell.get_dropout_mask = lambda step_input: ops.convert_to_tensor(fixed)
-    x, mask = make_inputs(8), mask_patterns()
+    x, mask = make_inputs(8), edge_mask()
     assert_all_close(
         ours(x, mask=mask, training=True), ref(x, mask=mask, training=True)
     )
@@ -292,7 +281,7 @@ def test_weights_interchange_with_bidirectional():
     ref.set_weights(ours.get_weights())
     for a, b in zip(ref.get_weights(), new):
         np.testing.assert_array_equal(a, b)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     assert_all_close(ours(x, mask=mask), ref(x, mask=mask))
     # The `weights` constructor argument, as in Bidirectional.
     third = MaskedBidirectional(
@@ -325,7 +314,7 @@ def test_run_layer_test(kind):
     run_layer_test(
         lambda: MaskedBidirectional(make_cell_layer(kind, return_sequences=True)),
         make_inputs(),
-        {"mask": mask_patterns()},
+        {"mask": edge_mask()},
         expected_output_shape=(B, T, 2 * U),
     )
     run_layer_test(
@@ -333,7 +322,7 @@ def test_run_layer_test(kind):
             make_cell_layer(kind, return_state=True), merge_mode="sum"
         ),
         make_inputs(),
-        {"mask": mask_patterns()},
+        {"mask": edge_mask()},
         expected_output_shape=(B, U),
     )
 
@@ -348,7 +337,7 @@ def _tagger(layer_cls, **kw):
 def _ids():
     rng = np.random.default_rng(3)
     ids = rng.integers(1, 20, size=(B, T)).astype("int32")
-    ids[~mask_patterns()] = 0
+    ids[~edge_mask()] = 0
     return ids
 
 
@@ -380,7 +369,7 @@ def test_sequential_model():
         ]
     )
     ours.set_weights(ref.get_weights())
-    x = make_inputs() * mask_patterns()[..., None]
+    x = make_inputs() * edge_mask()[..., None]
     np.testing.assert_allclose(
         ours.predict(x, verbose=0), ref.predict(x, verbose=0), atol=ATOL
     )
@@ -434,10 +423,10 @@ def test_explicit_lengths_model_trains_like_masked_model():
     """One fit step of `inputs, lengths -> MaskedBidirectional` equals the
     masked Keras model (same loss value, same weights after the step)."""
     ids = _ids()
-    lengths_np = mask_patterns().sum(1).astype("int32")
+    lengths_np = edge_mask().sum(1).astype("int32")
     right = np.zeros_like(ids)
     for i, n in enumerate(lengths_np):
-        right[i, :n] = ids[i][mask_patterns()[i]]
+        right[i, :n] = ids[i][edge_mask()[i]]
     target = np.random.default_rng(0).standard_normal((B, 2 * U)).astype("float32")
 
     ref_in = keras.Input((None,), dtype="int32")
@@ -525,7 +514,7 @@ def test_compute_mask_returns_one_mask_per_output_with_mixed_directions():
     """Forward LSTM ([h, c]) + backward GRU ([h]): 1 + 2 + 1 outputs, so 4
     masks (it counted the forward layer's states twice: 5)."""
     layer = _lstm_forward_gru_backward(return_sequences=True)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     outputs = flat(layer(x, mask=mask))
     masks = layer.compute_mask(x, ops.convert_to_tensor(mask))
     assert len(outputs) == len(masks) == 4
@@ -543,7 +532,7 @@ def test_initial_state_of_mixed_directions_is_three_tensors_named_in_errors():
     states = [
         rng.standard_normal((B, size)).astype("float32") for size in (U, U, U + 1)
     ]
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     _, h_f, c_f, h_b = layer(x, mask=mask, initial_state=states)
     for got, want in zip((h_f, c_f, h_b), states):
         np.testing.assert_allclose(to_np(got)[3], want[3])  # all-padding row

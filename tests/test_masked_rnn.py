@@ -14,6 +14,7 @@ from keras import ops
 import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends, convert
 from maskedrnn._keras_private import get_keras_mask
+from maskedrnn.bench.config import edge_mask
 from tests.helpers import (
     BACKEND,
     assert_close,
@@ -36,18 +37,6 @@ LENGTHS = np.array([7, 3, 0, 1, 5, 7], "int32")
 
 def make_inputs(seed=0):
     return np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
-
-
-def mask_patterns():
-    """One batch holding every padding pattern the layer must get right."""
-    m = np.ones((B, T), bool)
-    m[0, 4:] = False  # right-padded, length 4
-    m[1, :3] = False  # left-padded (keras.utils.pad_sequences default)
-    m[2, [1, 3, 4]] = False  # holes
-    m[3, :] = False  # all padding
-    # row 4: full length
-    m[5, 1:] = False  # length 1
-    return m
 
 
 def pair(kind, **kw):
@@ -78,7 +67,7 @@ def test_matches_keras_layer_with_mask_lengths_and_no_mask(
     pattern in one batch); `lengths` equal its right-padded mask and win over
     a mask; no mask equals the unmasked layer."""
     ours, ref = pair(kind, return_state=True, **options)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     expected = ref(x, mask=lengths_to_mask(LENGTHS, T))
     assert_close(ours(x, lengths=LENGTHS), expected)
@@ -94,7 +83,7 @@ def test_gradients_match_keras(kind, go_backwards, way):
     ours, ref = pair(
         kind, return_sequences=True, return_state=True, go_backwards=go_backwards
     )
-    x, mask = make_inputs(1), mask_patterns()
+    x, mask = make_inputs(1), edge_mask()
     loss_o, grads_o = loss_and_grads(ours, x, mask=mask)
     loss_r, grads_r = loss_and_grads(ref, x, mask=mask)
     assert np.isclose(loss_o, loss_r, atol=1e-4)
@@ -133,7 +122,7 @@ def test_initial_state_matches_keras(kind, go_backwards, grad_mode, way):
     n = 2 if kind == "lstm" else 1
     rng = np.random.default_rng(5)
     init = [rng.standard_normal((B, U)).astype("float32") for _ in range(n)]
-    x, mask = make_inputs(3), mask_patterns()
+    x, mask = make_inputs(3), edge_mask()
     got = flat(ours(x, mask=mask, initial_state=init))
     expected = [to_np(t) for t in flat(ref(x, mask=mask, initial_state=init))]
     np.testing.assert_allclose(to_np(got[-n])[3], init[0][3])  # all padding
@@ -157,7 +146,7 @@ def test_input_dropout_matches_keras(kind, grad_mode):
     ours, ref = pair(kind, return_sequences=True, return_state=True, dropout=0.5)
     for cell in (ours.layer.cell, ref.cell):
         cell.get_dropout_mask = lambda step_input: ops.convert_to_tensor(fixed)
-    x, mask = make_inputs(8), mask_patterns()
+    x, mask = make_inputs(8), edge_mask()
     assert_close(ours(x, mask=mask, training=True), ref(x, mask=mask, training=True))
 
 
@@ -181,7 +170,7 @@ def test_recurrent_dropout_runs_keras_masked_loop_exactly():
         cell.get_dropout_mask = lambda step_input: ops.convert_to_tensor(fixed_x)
         cell.get_recurrent_dropout_mask = lambda s: ops.convert_to_tensor(fixed_h)
     seen = _spy_masks(ours)
-    x, mask = make_inputs(4), mask_patterns()
+    x, mask = make_inputs(4), edge_mask()
     assert_close(ours(x, mask=mask, training=True), ref(x, mask=mask, training=True))
     assert len(seen) == 1
     np.testing.assert_array_equal(to_np(seen[0]), mask)
@@ -306,7 +295,7 @@ def test_torch_cpu_runs_pytorch_native_kernel_without_keras_layer(kind, monkeypa
     calls = spy_native_kernels(monkeypatch)
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     seen = _spy_masks(ours)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     assert calls == [ours.layer] and seen == []
     assert "PyTorch's native" in ours.kernel_info()["layer"]
@@ -330,7 +319,7 @@ def test_weights_are_the_wrapped_layers_in_its_order(kind):
     ref.set_weights(ours.get_weights())
     for a, b in zip(ref.get_weights(), new):
         np.testing.assert_array_equal(a, b)
-    x, mask = make_inputs(), mask_patterns()
+    x, mask = make_inputs(), edge_mask()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
 
 
@@ -339,7 +328,7 @@ def test_run_layer_test(kind):
     run_layer_test(
         lambda: MaskedRNN(make_rnn(kind, U, return_sequences=True)),
         make_inputs(),
-        call_kwargs={"mask": mask_patterns()},
+        call_kwargs={"mask": edge_mask()},
         expected_output_shape=(B, T, U),
     )
 
@@ -375,12 +364,12 @@ def test_save_and_load_keras_file_without_custom_objects():
 
 
 def test_output_mask_is_the_input_mask_when_returning_sequences():
-    mask = ops.convert_to_tensor(mask_patterns())
+    mask = ops.convert_to_tensor(edge_mask())
     x = make_inputs()
     seq = MaskedRNN(keras.layers.LSTM(U, return_sequences=True, return_state=True))
     out_mask = seq.compute_mask(x, mask)
     assert len(out_mask) == len(flat(seq(x, mask=mask))) == 3
-    np.testing.assert_array_equal(to_np(out_mask[0]), mask_patterns())
+    np.testing.assert_array_equal(to_np(out_mask[0]), edge_mask())
     assert out_mask[1:] == (None, None)
     assert MaskedRNN(keras.layers.GRU(U)).compute_mask(x, mask) is None
     # In a model, the next layer sees the mask.
@@ -484,7 +473,7 @@ def test_inf_and_huge_values_in_padding_never_matter(kind, wrapper):
         return_state=True,
         activation="relu",
     )
-    mask = mask_patterns()
+    mask = edge_mask()
     clean = make_inputs(6)
     clean[~mask] = 0.0
     x = clean.copy()
@@ -507,7 +496,7 @@ def test_masked_inputs_of_keras_loop_are_zeroed_exactly():
     order kept, with inf, NaN and 3e38 at the masked steps."""
     from maskedrnn.layers import direction
 
-    mask = mask_patterns()
+    mask = edge_mask()
     x = make_inputs(7)
     pads = np.resize(
         np.array([3e38, np.inf, -np.inf, np.nan], "float32"), (~mask).sum()
@@ -564,7 +553,7 @@ def test_float64_lstm_states_and_gradients_are_float64_exact(wrapper):
         ours.set_weights(ref.get_weights())
         forward = ours.forward_layer
     x = make_inputs(9).astype("float64") * 3
-    mask = mask_patterns()
+    mask = edge_mask()
     out = flat(ours(x, mask=mask))
     assert {keras.backend.standardize_dtype(o.dtype) for o in out} == {"float64"}
     h, c = numpy_lstm_states(x, mask, *forward.get_weights())

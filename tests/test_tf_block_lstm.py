@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
+from maskedrnn.bench.config import edge_mask
 from tests.helpers import BACKEND, lengths_to_mask, record_calls, to_np
 
 pytestmark = pytest.mark.skipif(
@@ -38,17 +39,6 @@ MERGE_MODES = ["concat", "sum", "ave", "mul", None]
 
 def inputs(seed=0):
     return np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
-
-
-def mask_patterns():
-    """Every padding pattern in one batch."""
-    m = np.ones((B, T), bool)
-    m[0, 4:] = False  # post-padded
-    m[1, :3] = False  # pre-padded
-    m[2, [1, 3, 4]] = False  # holes
-    m[3, :] = False  # empty row
-    m[5, 1:] = False  # length 1; row 4 full
-    return m
 
 
 def states_for(layer, seed=5):
@@ -128,14 +118,14 @@ def how(request):
 @pytest.mark.parametrize("merge_mode", MERGE_MODES)
 def test_bidirectional_matches_keras_with_every_mask_pattern(merge_mode, how):
     ours, ref = pair("bidirectional", merge_mode=merge_mode)
-    assert_matches(ours, ref, inputs(), mask=mask_patterns())
+    assert_matches(ours, ref, inputs(), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
 def test_initial_state_and_its_gradient(wrapper, how):
     ours, ref = pair(wrapper)
     init = states_for(ours)
-    assert_matches(ours, ref, inputs(1), initial_state=init, mask=mask_patterns())
+    assert_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
 
 
 @pytest.mark.parametrize("go_backwards", [False, True])
@@ -144,7 +134,7 @@ def test_masked_rnn_matches_keras(go_backwards, zero_output_for_mask, how):
     ours, ref = pair(
         "rnn", go_backwards=go_backwards, zero_output_for_mask=zero_output_for_mask
     )
-    assert_matches(ours, ref, inputs(2), mask=mask_patterns())
+    assert_matches(ours, ref, inputs(2), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -167,12 +157,12 @@ def test_without_states_and_last_output_only(how):
     ref.build((None, None, D))
     ours.build((None, None, D))
     ours.set_weights(ref.get_weights())
-    assert_matches(ours, ref, inputs(4), mask=mask_patterns())
+    assert_matches(ours, ref, inputs(4), mask=edge_mask())
 
 
 def test_no_bias_runs_with_a_zero_bias(how):
     ours, ref = pair("bidirectional", use_bias=False)
-    assert_matches(ours, ref, inputs(5), mask=mask_patterns())
+    assert_matches(ours, ref, inputs(5), mask=edge_mask())
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -180,7 +170,7 @@ def test_in_tf_function(jit_compile):
     """In `tf.function` the way runs; XLA has no kernel for the op, so with
     `jit_compile=True` the plan picks Keras' layer (recorded), same results."""
     ours, ref = pair("bidirectional")
-    x, mask = inputs(6), mask_patterns()
+    x, mask = inputs(6), edge_mask()
 
     @tf.function(jit_compile=jit_compile)
     def step(x):
@@ -208,7 +198,7 @@ def test_forced_under_xla_is_declined():
 
     @tf.function(jit_compile=True)
     def call(x):
-        return ours(x, mask=mask_patterns())
+        return ours(x, mask=edge_mask())
 
     # tf.function re-raises the `Declined` of its tracing as a StagingError.
     with backends.force(WAY):
@@ -223,7 +213,7 @@ def test_mixed_precision_matches_keras():
     try:
         ours, ref = pair("bidirectional")
         with backends.record() as plans:
-            assert_matches(ours, ref, inputs(7), atol=5e-3, mask=mask_patterns())
+            assert_matches(ours, ref, inputs(7), atol=5e-3, mask=edge_mask())
     finally:
         keras.config.set_dtype_policy(previous)
     assert ways_of(plans) == {WAY}
@@ -238,18 +228,18 @@ def test_input_dropout_is_applied_before_the_op():
         ours, _ = pair("rnn", dropout=0.5, seed=3)
         ours.set_weights(weights)
         with backends.force(way):
-            results.append(to_np(ours(inputs(8), mask=mask_patterns(), training=True)))
+            results.append(to_np(ours(inputs(8), mask=edge_mask(), training=True)))
     for a, e in zip(*results):
         np.testing.assert_allclose(a, e, atol=1e-5)
     # The dropout did something: the outputs differ from inference.
     with backends.force(WAY):
-        plain = to_np(ours(inputs(8), mask=mask_patterns(), training=False))
+        plain = to_np(ours(inputs(8), mask=edge_mask(), training=False))
     assert np.abs(plain[0] - results[0][0]).max() > 1e-2
 
 
 def test_kernel_info_says_it_runs_and_why_not_elsewhere():
     ours, _ = pair("bidirectional")
-    ours(inputs(), mask=mask_patterns())
+    ours(inputs(), mask=edge_mask())
     for sentence in ours.kernel_info().values():
         assert sentence.startswith("TensorFlow's fused LSTM kernel")
         assert "tf.raw_ops.BlockLSTMV2" in sentence and "exact" in sentence
@@ -272,7 +262,7 @@ def test_kernel_info_says_it_runs_and_why_not_elsewhere():
 
 
 def test_declined_cases_raise_when_forced_and_unroll_only_prefers():
-    x, mask = inputs(), mask_patterns()
+    x, mask = inputs(), edge_mask()
     for inner, reason in [
         (keras.layers.LSTM(U, activation="relu"), "tanh / sigmoid"),
         (keras.layers.LSTM(U, dtype="float64"), "float64"),
@@ -312,7 +302,7 @@ def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
 
 def test_portable_block_runs_keras_layers():
     ours, ref = pair("bidirectional")
-    x, mask = inputs(), mask_patterns()
+    x, mask = inputs(), edge_mask()
     with backends.portable():
         assert backends.portable_only()
         with backends.record() as plans:
