@@ -4,9 +4,10 @@
 (`SIGALRM`), raising `OutOfTime` in the main thread. That exception reaches
 Python code only: a backend call waiting in native code, or a library that
 swallows the exception, keeps running. `start_watchdog` covers that: a
-thread ends the process a grace period after the running case's deadline,
-or at the budget's hard end, and `faulthandler` ends it just before the
-budget where even that thread cannot run (native code holding the GIL).
+thread ends the process a grace period after the running case's deadline
+(`Budget.cut_off_at`), or at the budget's hard end, and `faulthandler`
+ends it just before the budget where even that thread cannot run (native
+code holding the GIL).
 """
 
 import contextlib
@@ -21,6 +22,10 @@ import traceback
 # Seconds a case may run past its deadline before the watchdog cuts it off
 # (an XLA or cuDNN call started before the deadline may need them to return).
 GRACE_S = (5.0, 20.0)
+# At a section's deadline before the budget's end, the share of the later
+# sections' time a case may take past it, where that is more than GRACE_S:
+# cutting it off ends the whole check, so those sections lose everything.
+SPLIT_GRACE_SHARE = 0.25
 
 
 class OutOfTime(BaseException):
@@ -40,6 +45,15 @@ class Budget:
         self.end = start + seconds - self.reserve
         self.hard_end = start + seconds - 0.6 * self.reserve
         self.grace = min(max(GRACE_S[0], 0.1 * seconds), GRACE_S[1])
+
+    def cut_off_at(self, deadline):
+        """When the watchdog ends a case still running at `deadline`:
+        `grace` after it, or at a section's deadline a quarter of the time
+        left after it where that is longer (a long first XLA compilation or
+        cuDNN autotuning still returns, and the later sections run shorter
+        rather than not at all); never after `hard_end`."""
+        grace = max(self.grace, SPLIT_GRACE_SHARE * (self.end - deadline))
+        return min(deadline + grace, self.hard_end)
 
     def left(self, deadline=None):
         return min(deadline or self.end, self.end) - time.monotonic()
@@ -88,9 +102,7 @@ def start_watchdog(budget, running, cut_off, fault_file):
         while True:
             time.sleep(0.2)
             case = running()
-            limit = budget.hard_end
-            if case is not None:
-                limit = min(limit, case[2] + budget.grace)
+            limit = budget.hard_end if case is None else budget.cut_off_at(case[2])
             if time.monotonic() >= limit:
                 break
         stack = "".join(traceback.format_stack(sys._current_frames().get(main)))

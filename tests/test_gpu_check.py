@@ -38,11 +38,9 @@ pytestmark = [
 ]
 
 
-def gpu_parity():
-    """The module `scripts/gpu_parity.py` (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "gpu_parity", ROOT / "scripts" / "gpu_parity.py"
-    )
+def script(name):
+    """The module `scripts/<name>.py` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -112,7 +110,7 @@ def test_correctness_checks_every_way_of_every_case(rehearsal):
     # --quick: each value of each factor (LSTM, GRU x MaskedBidirectional,
     # MaskedRNN x mask=/lengths= x states x the check's size and the edge
     # batch) in 2 of the 32 cases.
-    assert sorted(c["name"] for c in cases) == sorted(gpu_parity().QUICK)
+    assert sorted(c["name"] for c in cases) == sorted(script("gpu_parity").QUICK)
     for factor in ("cell", "layer", "how", "states", "edge"):
         assert len({str(c["case"][factor]) for c in cases}) == 2, factor
     for case in cases:
@@ -245,11 +243,26 @@ sys.exit(module.main({["--backend", BACKEND, "--budget-s", str(budget), "--out",
     assert "[watchdog]" in log and "stuck_case" in log
 
 
+def test_the_watchdog_waits_longer_at_a_section_deadline_than_at_the_end():
+    """A case still running at a section's deadline (a long first
+    compilation) gets a quarter of the later sections' time, where that is
+    more than the grace; at the budget's end, the grace up to the hard end."""
+    budget = script("gpu_budget").Budget(300, start=1000.0)
+    assert (budget.end, budget.hard_end, budget.grace) == (1295.0, 1297.0, 20.0)
+    # 160 s left after the deadline: 40 s past it, not 20.
+    assert budget.cut_off_at(1135.0) == 1175.0
+    # 60 s left after it: a quarter is 15 s, the grace is longer.
+    assert budget.cut_off_at(1235.0) == 1255.0
+    # Never past the hard end.
+    assert budget.cut_off_at(1290.0) == budget.hard_end
+    assert budget.cut_off_at(budget.end) == budget.hard_end
+
+
 def test_a_wrong_result_fails_its_case(monkeypatch):
     """The correctness section's comparisons catch a wrong layer: ours
     given other weights than the oracles' differs beyond the tolerances,
     for every way that runs, and the case is not ok."""
-    parity = gpu_parity()
+    parity = script("gpu_parity")
     build_pair = parity.build_pair
 
     def wrong_pair(case):
