@@ -1,5 +1,6 @@
 """Shared test helpers: backend-neutral gradients and a Keras-style layer test."""
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -275,6 +276,14 @@ def save_and_load(model):
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def script(name):
+    """The module of `scripts/<name>.py` (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # The JAX compilation cache of a test process (tests/conftest.py), as the

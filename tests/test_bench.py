@@ -21,6 +21,7 @@ import pytest
 
 from maskedrnn import bench
 from maskedrnn.bench.config import edge_mask
+from tests.helpers import script
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -603,18 +604,6 @@ def test_markdown_table_is_the_json_rounded(lstm_run):
         assert ("(ceiling)" in cells[1]) == (row["impl"] in bench.CEILINGS)
 
 
-def _script(name):
-    """The module of `scripts/<name>.py` (the scripts are not a package)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_stacked_layers_are_checked_against_keras_and_pytorch():
     """--layers 2: two MaskedBidirectional layers against two Keras masked
@@ -688,7 +677,7 @@ def test_bench_runs_summary_counts_rounds_that_met_the_target():
     rounded to 2 digits (as the docs' verdicts) met the target; numpy is
     the oracle, on made-up rounds. The docs' `bench-runs` tables are this
     summary (`scripts/bench_docs.py`, test above)."""
-    module = _script("bench_runs")
+    module = script("bench_runs")
     series = [0.996, 1.004, 1.006, 1.03, 0.97]  # 1.004 rounds to 1.00: met
     rounds = [
         {"x": {"ratios": {"infer": {"maskedrnn/keras_masked": v, "other": 2.0}}}}

@@ -11,7 +11,6 @@ run with a budget too small for the work must stop before the budget,
 say what it skipped and why, and still exit 0 with its JSON written.
 """
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -23,6 +22,7 @@ import keras
 import pytest
 
 from maskedrnn import backends, bench
+from tests.helpers import script
 
 BACKEND = keras.backend.backend()
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -36,14 +36,6 @@ pytestmark = [
         reason="the GPU machine has torch and JAX, no TensorFlow",
     ),
 ]
-
-
-def script(name):
-    """The module `scripts/<name>.py` (the scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def rehearse(folder, budget):

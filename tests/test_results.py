@@ -17,7 +17,6 @@
 - No module is over 600 lines.
 """
 
-import importlib.util
 import json
 import pathlib
 import re
@@ -25,6 +24,7 @@ import re
 import pytest
 
 from maskedrnn import bench
+from tests.helpers import script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -35,15 +35,6 @@ CITED = re.compile(
     r"(?:docs/)?results/((?:[A-Za-z0-9_-]+/)?[A-Za-z0-9_.-]+\.(?:json|txt|png|log))"
 )
 NOT_RESULTS = {"README.txt"}
-
-
-def _script(name):
-    """The module of `scripts/<name>.py` (the scripts are not a package)."""
-    path = ROOT / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _load(path):
@@ -140,7 +131,7 @@ def test_ratio_tables_quote_their_json():
 
 
 def test_runs_tables_are_their_json():
-    module = _script("bench_docs")
+    module = script("bench_docs")
     found = _marked(r"<!-- bench-runs (\S+) -->\n((?:\|.*\n)+)")
     assert found
     for page, path, table in found:
@@ -151,7 +142,7 @@ def test_bench_docs_script_reproduces_the_pages():
     """`scripts/bench_docs.py` (how the tables are rewritten after a
     measurement) leaves the pages as they are, and puts a wrong figure
     right."""
-    module = _script("bench_docs")
+    module = script("bench_docs")
     for page in module.PAGES:
         text = page.read_text(encoding="utf-8")
         assert module.rewrite(text) == text, page.name
@@ -176,7 +167,7 @@ def test_before_after_comparisons_are_their_json(tmp_path):
     after JSON files named `<prefix>-before-<case>.json` and
     `<prefix>-after-<case>.json` beside it: the same figures, case by case;
     and a ratio made slower beyond its interval is flagged MOVED."""
-    module = _script("bench_compare")
+    module = script("bench_compare")
     comparisons = sorted(RESULTS.glob("*-compare.txt"))
     assert comparisons
     for path in comparisons:
@@ -204,7 +195,7 @@ def test_before_after_comparisons_are_their_json(tmp_path):
 
 
 def test_bucketing_tables_are_their_json():
-    module = _script("bucketing_speed")
+    module = script("bucketing_speed")
     found = _marked(r"<!-- bucketing-table (\S+) -->\n((?:\|.*\n)+)")
     assert found
     for page, path, table in found:
