@@ -14,10 +14,6 @@ shapes, merge mode and flags are fixed per cell so that one compiled
 patterns and initial states are still drawn.
 """
 
-import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -26,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from maskedrnn import MaskedBidirectional
-from tests.helpers import BACKEND, flat, loss_and_grads, to_np
+from tests.helpers import BACKEND, flat, loss_and_grads, script, to_np
 
 D, U = 2, 3
 ATOL = 1e-5
@@ -255,66 +251,6 @@ def test_long_sequence_matches_keras():
         np.testing.assert_allclose(to_np(a), to_np(b), atol=1e-4, rtol=1e-4)
 
 
-MEMORY_PROBE = r"""
-import json, os, resource, sys
-import numpy as np, keras, tensorflow as tf
-from maskedrnn import MaskedBidirectional
-which, T, state = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "state"
-B, D, U = 2, 2, 4
-inner = keras.layers.LSTM(U, return_sequences=True, return_state=state)
-if which == "keras":
-    layer = keras.layers.Bidirectional(inner)
-else:
-    layer = MaskedBidirectional(inner)
-
-@tf.function(
-    input_signature=[
-        tf.TensorSpec((None, None, D)),
-        tf.TensorSpec((None,), tf.int32),
-        tf.TensorSpec((None, None), tf.bool),
-    ]
-)
-def grads(x, lengths, mask):
-    kw = {}
-    if which == "ours-lengths":
-        kw["lengths"] = lengths
-    if which == "ours-mask":
-        kw["mask"] = mask
-    with tf.GradientTape() as tape:
-        outputs = tf.nest.flatten(layer(x, **kw))
-        loss = tf.add_n([tf.reduce_sum(o**2) for o in outputs])
-    return tape.gradient(loss, layer.trainable_variables)
-
-def step(t):
-    x = np.random.default_rng(0).standard_normal((B, t, D)).astype("float32")
-    m = np.ones((B, t), bool)
-    m[1, : t // 2] = False
-    return grads(x, np.array([t, t // 2], "int32"), m)
-
-layer.build((None, None, D))
-step(8)  # traced once (None dims), kernels loaded
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-step(T)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"delta_mb": (peak - base) / 1024}))
-"""
-
-
-def _peak_memory_mb(which, time, state=False):
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run(
-        [sys.executable, "-c", MEMORY_PROBE, which, str(time), "state" * state],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])["delta_mb"]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -326,13 +262,15 @@ def test_long_sequence_memory_is_bounded_by_keras_unmasked():
     of ours, with lengths and with a left-padded mask, against
     keras.layers.Bidirectional without a mask (the inner RNN's own needs: TF
     keeps every step for the gradient), with and without `return_state`.
-    The figures are in docs/errors.md (scripts/memory_probe.py); an O(T^2)
-    tensor (2 x 2000 x 2000 x 4 units, float32) would add 128 MB per copy.
-    The bound is generous on purpose (RSS is coarse): 2 x Keras + 32 MB."""
-    keras_mb = _peak_memory_mb("keras", LONG_T)
+    The probe is scripts/memory_probe.py's, which writes the figures in
+    docs/errors.md; an O(T^2) tensor (2 x 2000 x 2000 x 4 units, float32)
+    would add 128 MB per copy. The bound is generous on purpose (RSS is
+    coarse): 2 x Keras + 32 MB."""
+    peak_memory_mb = script("memory_probe").peak_memory_mb
+    keras_mb = peak_memory_mb("keras", LONG_T)
     for which in ("ours-lengths", "ours-mask"):
-        ours_mb = _peak_memory_mb(which, LONG_T)
+        ours_mb = peak_memory_mb(which, LONG_T)
         assert ours_mb <= 2 * keras_mb + 32, (which, ours_mb, keras_mb)
-    keras_mb = _peak_memory_mb("keras", LONG_T, state=True)
-    ours_mb = _peak_memory_mb("ours-mask", LONG_T, state=True)
+    keras_mb = peak_memory_mb("keras", LONG_T, state=True)
+    ours_mb = peak_memory_mb("ours-mask", LONG_T, state=True)
     assert ours_mb <= 2 * keras_mb + 32, ("ours-mask, state", ours_mb, keras_mb)
