@@ -9,11 +9,14 @@
 # by scripts/test.sh): a program the main run compiled is not compiled
 # again.
 #
-# A fresh virtual environment that sees the packages installed for the main
-# run (TensorFlow, JAX, torch, pytest: `--system-site-packages`) and holds
-# only the pinned nightly itself (`--no-deps`; its dependencies are those of
-# the Keras release already installed), so it shadows that Keras there and
-# nowhere else. The tests import the source tree (PYTHONPATH).
+# The nightly is installed on its own (`--no-deps`: its dependencies are
+# those of the Keras release already installed) into a folder put first on
+# PYTHONPATH, and the tests run with the same interpreter as the main run.
+# So it shadows that Keras there and nowhere else, and the check works the
+# same from a virtual environment, a conda environment or a bare
+# interpreter: everything else (TensorFlow, JAX, torch, optree, pytest) is
+# what that interpreter already imports. The tests import the source tree
+# (PYTHONPATH).
 # Usage: bash scripts/check_next_keras.sh [pytest args...]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,13 +27,12 @@ step() { echo "[check_next_keras +$((SECONDS - START)) s] $*"; }
 
 # The nightly to try; move it forward when a newer one is worth trying.
 PIN=keras-nightly==3.16.0.dev2026102704
-step "fresh venv with $PIN"
-python -m venv --system-site-packages "$WORK/venv"
-"$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$PIN" \
+step "$PIN into $WORK/next (nothing else)"
+python -m pip install -q --disable-pip-version-check --no-deps --target "$WORK/next" "$PIN" \
   2>&1 | grep -v "^WARNING: Location" || true
-version=$("$WORK/venv/bin/python" -c "import keras; print(keras.__version__)")
+version=$(PYTHONPATH="$WORK/next" TF_CPP_MIN_LOG_LEVEL=3 python -c "import keras; print(keras.__version__)")
 [ "keras-nightly==$version" = "$PIN" ] ||
-  { echo "the venv runs Keras $version, not $PIN" >&2; exit 1; }
+  { echo "PYTHONPATH=$WORK/next imports Keras $version, not $PIN" >&2; exit 1; }
 
 CORE=(tests/test_masked_bidirectional.py tests/test_masked_rnn.py
       tests/test_mask_propagation.py tests/test_losses.py tests/test_ctc.py
@@ -38,9 +40,9 @@ CORE=(tests/test_masked_bidirectional.py tests/test_masked_rnn.py
 status=0
 for backend in tensorflow jax torch; do
   step "Keras $version, KERAS_BACKEND=$backend: core parity tests"
-  (cd "$ROOT" && KERAS_BACKEND=$backend PYTHONPATH="$ROOT" TF_CPP_MIN_LOG_LEVEL=3 \
+  (cd "$ROOT" && KERAS_BACKEND=$backend PYTHONPATH="$WORK/next:$ROOT" TF_CPP_MIN_LOG_LEVEL=3 \
     MASKEDRNN_TEST_WAYS=default \
-    "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+    python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
     -m "not slow" \
     "${CORE[@]}" "$@") || status=1
 done

@@ -110,9 +110,11 @@ def test_declared_url_is_the_one_docs_link():
 
 
 def test_ci_runs_the_wheel_check():
-    """`.ci/run` -> scripts/test.sh -> scripts/check_wheel.sh, which executes
-    the install cell against the built wheel (see its header)."""
-    assert "bash scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    """`.ci/run` -> README.md's test command, scripts/test.sh ->
+    scripts/check_wheel.sh, which executes the install cell against the
+    built wheel (see its header)."""
+    assert "scripts/readme_commands.py" in (ROOT / ".ci" / "run").read_text()
+    assert "bash scripts/test.sh" in (ROOT / "README.md").read_text()
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
     assert "bash scripts/check_wheel.sh" in test_sh
     check = (ROOT / "scripts" / "check_wheel.sh").read_text()
