@@ -155,45 +155,6 @@ def test_bench_docs_script_reproduces_the_pages():
     assert module.rewrite(broken) == text
 
 
-_COMPARED = re.compile(
-    r"^  (train|infer) (\S+) +([\d.]+) \[([\d.]+), ([\d.]+)\] -> "
-    r"([\d.]+) \[([\d.]+), ([\d.]+)\]; (intervals overlap|MOVED)$",
-    re.M,
-)
-
-
-def test_before_after_comparisons_are_their_json(tmp_path):
-    """Each `*-compare.txt` is `scripts/bench_compare.py` on the before and
-    after JSON files named `<prefix>-before-<case>.json` and
-    `<prefix>-after-<case>.json` beside it: the same figures, case by case;
-    and a ratio made slower beyond its interval is flagged MOVED."""
-    module = script("bench_compare")
-    comparisons = sorted(RESULTS.glob("*-compare.txt"))
-    assert comparisons
-    for path in comparisons:
-        prefix = path.name.removesuffix("-compare.txt")
-        text = path.read_text(encoding="utf-8")
-        cases = re.findall(r"^(\S+): load", text, re.M)
-        assert cases, path.name
-        for case in cases:
-            name = case if case.startswith("cpu-") else f"cpu-{case}"
-            before = _load(RESULTS / f"{prefix}-before-{name}.json")
-            after = _load(RESULTS / f"{prefix}-after-{name}.json")
-            block = text.split(f"{case}: load", 1)[1].split("\n\n")[0]
-            block = re.split(r"^\S+: load", block, flags=re.M)[0]
-            want = _COMPARED.findall(block)
-            lines = [text for text, _ in module.compare(before, after)]
-            got = _COMPARED.findall("\n".join(lines))
-            assert want and got == want, (path.name, case)
-    base = {"impl": "keras_masked", "mode": "train", "times_ms": [1.0] * 5}
-    ours = {"impl": "maskedrnn", "mode": "train", "times_ms": [1.0] * 5}
-    fast = {"ratios": {"train": {"maskedrnn/keras_masked": 1.0}}, "rows": [ours, base]}
-    ours = dict(ours, times_ms=[2.0] * 5)
-    slow = {"ratios": {"train": {"maskedrnn/keras_masked": 2.0}}, "rows": [ours, base]}
-    [(line, slower)] = module.compare(fast, slow)
-    assert line.endswith("MOVED") and slower
-
-
 def test_bucketing_tables_are_their_json():
     module = script("bucketing_speed")
     found = _marked(r"<!-- bucketing-table (\S+) -->\n((?:\|.*\n)+)")
