@@ -1,12 +1,13 @@
 """The GPU check of maskedrnn: one command per backend, within a time budget.
 
-On the GPU machine (../shared/gpu/README.md: torch and JAX, no TensorFlow,
-keras from the carried `.whl/` folder), one command per backend:
+On any machine with a CUDA GPU, from a checkout of this repository, with
+the backend's CUDA build and pytest installed (no TensorFlow needed;
+docs/benchmarks.md, "Measuring on a GPU"), one command per backend:
 
-    KERAS_BACKEND=torch python3 scripts/gpu_check.py --backend torch \\
-        --budget-s 300 --out "$OUT"
-    KERAS_BACKEND=jax python3 scripts/gpu_check.py --backend jax \\
-        --budget-s 240 --out "$OUT"
+    KERAS_BACKEND=torch python scripts/gpu_check.py --backend torch \\
+        --budget-s 300 --out DIR
+    KERAS_BACKEND=jax python scripts/gpu_check.py --backend jax \\
+        --budget-s 250 --out DIR
 
 and on any machine the rehearsal of every section at tiny sizes (CI,
 tests/test_gpu_check.py):

@@ -1,6 +1,6 @@
 """`scripts/gpu_check.py`: the GPU check, rehearsed on a CPU.
 
-The check runs on a GPU machine CI does not have, within a time budget and
+The check runs on a CUDA GPU, which CI does not have, within a time budget and
 a limit on the files it may return. Its rehearsal (`--device cpu --quick`:
 every section at tiny sizes) runs here once per backend, in a fresh
 process, and must: exit 0, write at most 6 files, fill every section
@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         BACKEND not in ("torch", "jax"),
-        reason="the GPU machine has torch and JAX, no TensorFlow",
+        reason="the GPU check runs on torch and JAX, not TensorFlow",
     ),
 ]
 
