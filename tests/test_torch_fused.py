@@ -466,6 +466,35 @@ def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync)
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("case", ["initial_state", "dropout"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_initial_states_and_input_dropout_make_no_host_sync(kind, case, no_host_sync):
+    """The other routes a call can take on CUDA make no host sync either:
+    given initial states (a bidirectional LSTM's backward direction then
+    runs its own call over rows reversed by their lengths,
+    `ops.reverse_index`) and input dropout while training (one call per
+    direction on the valid-first route, rows reversed the same way)."""
+    cls = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
+    dropout = 0.3 if case == "dropout" else 0.0
+    inner = cls(U, return_sequences=True, return_state=True, dropout=dropout)
+    layer = MaskedBidirectional(inner)
+    x = torch.tensor(_x(), requires_grad=True)
+    kwargs = dict(lengths=torch.tensor(LENGTHS), training=case == "dropout")
+    if case == "initial_state":
+        kwargs["initial_state"] = [
+            torch.tensor(s, requires_grad=True)
+            for s in _states(_n_states(kind, "bidirectional"))
+        ]
+    layer(x, **kwargs)  # built outside the armed block
+    with backends.force("torch-fused"), backends.record() as plans:
+        no_host_sync.append(True)
+        outs = layer(x, **kwargs)
+        sum(o.sum() for o in outs).backward()
+        no_host_sync.clear()
+    assert plans[0].route == ("valid_first" if case == "dropout" else "fused")
+    assert x.grad is not None
+
+
 def test_the_sync_check_catches_the_caller_order_kernels(no_host_sync):
     """The check bites: PyTorch's caller's-order layout (`Layout`) reads the
     lengths on the host (`nonzero`, `int(max)`)."""
