@@ -227,6 +227,43 @@ def test_mixed_precision_matches_keras_masked(kind, policy):
     _assert_same(got, want, atol=atol)
 
 
+@pytest.mark.parametrize("features", [3, 7, 8])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_kernel_input_width_is_a_multiple_of_eight(kind, features, monkeypatch):
+    """The flag feature is followed by zero columns (input and `W_ih`) up to
+    a multiple of 8 input features (cuDNN's input GEMM keeps tensor cores
+    for such widths; D=512 would give 513): outputs, final states and the
+    gradients of the inputs, every weight and the initial states equal
+    Keras' masked layer's and the unpadded call's (`ALIGN = 1`)."""
+    from maskedrnn.backends import torch_fused
+
+    widths = []
+    for name in ("lstm", "gru"):
+        original = getattr(torch._VF, name)
+
+        def spy(data, hx, params, *flags, _original=original):
+            widths.append((data.shape[-1], params[0].shape[1]))
+            return _original(data, hx, params, *flags)
+
+        monkeypatch.setattr(torch._VF, name, spy)
+    ours, ref = oracle_pair(
+        kind, U, features, return_sequences=True, return_state=True
+    )
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((B, T, features)).astype("float32")
+    initial = _states(_n_states(kind, "bidirectional"))
+    kwargs = dict(mask=MASKS["holes"])
+    got = _grads(ours, x, kwargs, initial, "torch-fused")
+    padded = -(-(features + 1) // 8) * 8
+    assert widths and all(w == (padded, padded) for w in widths), widths
+    _assert_same(got, _grads(ref, x, kwargs, initial))
+    widths.clear()
+    monkeypatch.setattr(torch_fused, "ALIGN", 1)
+    unpadded = _grads(ours, x, kwargs, initial, "torch-fused")
+    assert widths and all(w == (features + 1,) * 2 for w in widths), widths
+    _assert_same(got, unpadded, atol=1e-6)
+
+
 # ----------------------------------------------- PyTorch's packed modules
 
 
