@@ -394,6 +394,41 @@ def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
     assert "not the default" not in cuda
 
 
+@pytest.mark.parametrize("case", ["reset_after", "unroll"])
+def test_on_cuda_each_declined_way_says_its_own_reason(case):
+    """The plan for data on CUDA (asked by device name: no GPU needed) of a
+    layer the one-call way cannot run: a GRU with `reset_after=False`
+    (cuDNN's GRU computes reset_after=True; the reason of every PyTorch way
+    is that equation, not the device) or `unroll=True` (declined as on
+    JAX). Keras' unmasked layer runs, and `kernel_info()`'s sentence gives
+    the real reason, not a device one."""
+    if case == "reset_after":
+        inner = keras.layers.GRU(U, reset_after=False, return_sequences=True)
+        reason = "reset_after=False (PyTorch's and cuDNN's GRU compute"
+    else:
+        inner = keras.layers.LSTM(U, unroll=True, return_sequences=True)
+        reason = "unroll=True asks for Keras' unrolled loop"
+    layer = MaskedBidirectional(inner)
+    layer.build((None, None, D))
+    inners = {"forward": layer.forward_layer, "backward": layer.backward_layer}
+    plan = backends.plan(inners, "cuda", want_states=False)
+    assert [d.way for d in plan.directions] == ["keras-unmasked"] * 2
+    assert plan.route == "valid_first"
+    whys = dict(plan.directions[0].options)
+    assert whys["torch-fused"].hard and reason in str(whys["torch-fused"])
+    for way in ("torch-packed", "torch-unpacked"):
+        assert whys[way].hard
+        if case == "reset_after":
+            assert str(whys[way]) == str(whys["torch-fused"])
+    for sentence in plan.info().values():
+        assert reason in sentence
+        if case == "reset_after":
+            assert "on CUDA" not in sentence
+    with backends.force("torch-fused"):
+        with pytest.raises(backends.Declined, match=reason.split(" (")[0]):
+            backends.plan(inners, "cuda", want_states=False)
+
+
 def test_forcing_declines_what_one_call_cannot_run():
     """A SimpleRNN, directions of different sizes, `use_cudnn=False`:
     forcing raises `Declined` with the reason."""
