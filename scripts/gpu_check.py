@@ -27,7 +27,8 @@ Sections, in order, each written to the JSON as soon as it ends:
   `ratios`), with every way the backend offers forced as rows of its own
   (`--way`), Keras' masked layer timed at most 3 times (`--slow-repeats`);
 - `tests`: a GPU smoke subset of the test suite in a subprocess (at most
-  2 minutes; pytest-timeout where installed).
+  2 minutes; pytest-timeout where installed), on torch the one-call way's
+  tests (tests/test_torch_fused.py) first.
 
 Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
 `mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
@@ -108,10 +109,20 @@ SMOKE = [
     "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
 ]
 SMOKE_TORCH = ["tests/test_torch_kernels.py"]
-# --quick: one short test shows the section runs pytest and records it.
+# First on torch: the one-call way's tests, device-agnostic, so on a GPU
+# they check cuDNN itself against Keras' masked layer and PyTorch's packed
+# module (TF32 off, tests/conftest.py): every padding, initial states,
+# float16 and bfloat16, go_backwards, return_sequences=False, every merge
+# mode, the input width, no host sync.
+SMOKE_FUSED = {"torch": ["tests/test_torch_fused.py"]}
+# --quick: short tests show the section runs pytest and records it (on
+# torch, one of the one-call way's tests too).
 SMOKE_QUICK = [
     "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
 ]
+SMOKE_QUICK_FUSED = {
+    "torch": ["tests/test_torch_fused.py::test_merge_modes_without_states"],
+}
 SECTIONS = ("environment", "correctness", "timings", "tests")
 # Share of the time before the tests that the correctness section may use.
 CORRECTNESS_SHARE = 0.45
@@ -435,12 +446,18 @@ def write_profile(check, name, results):
     check.profile_path.write_text("\n".join(lines) + "\n")
 
 
+def smoke_selection(backend, quick):
+    """The pytest arguments of the smoke subset, in the order they run."""
+    if quick:
+        return SMOKE_QUICK_FUSED.get(backend, []) + SMOKE_QUICK
+    torch_only = SMOKE_TORCH if backend == "torch" else []
+    return SMOKE_FUSED.get(backend, []) + SMOKE + torch_only
+
+
 def smoke_tests(check, backend, device):
     """Runs the smoke subset in a subprocess, its output into the log."""
     quick = check.args.quick
-    selection = SMOKE_QUICK if quick else SMOKE + (
-        SMOKE_TORCH if backend == "torch" else []
-    )
+    selection = smoke_selection(backend, quick)
     left = check.budget.left() - 2
     limit = min(SIZES[quick]["tests_s"], left)
     record = check.results["tests"] = {"selection": selection}

@@ -157,6 +157,40 @@ def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
     assert any(c["results"]["config"]["time"] > 6 for c in section["cases"])  # long
 
 
+def test_the_smoke_subset_runs_the_one_call_way_tests_first():
+    """On torch the test subset starts with the one-call way's tests, and
+    what it collects covers float16 and bfloat16, go_backwards,
+    return_sequences=False, initial states and every merge mode (pytest's
+    own collection of the selection is the oracle)."""
+    check = script("gpu_check")
+    selection = check.smoke_selection(BACKEND, quick=False)
+    assert set(check.SMOKE) <= set(selection)
+    if BACKEND != "torch":
+        return
+    assert selection[0] == "tests/test_torch_fused.py"
+    assert check.smoke_selection(BACKEND, quick=True)[0].startswith(selection[0])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q",
+         "-p", "no:cacheprovider", *selection],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "test_torch_fused.py::" in line]
+    joined = "\n".join(ids)
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        assert f"test_mixed_precision_matches_keras_masked[lstm-{policy}]" in joined
+    assert "test_masked_rnn_go_backwards_matches_keras" in joined
+    for merge_mode in ("concat", "sum", "mul", "ave", "None"):
+        for sequences in ("True", "False"):
+            case = f"{merge_mode}-{sequences}"
+            assert f"test_merge_modes_without_states[{case}]" in joined
+    # wrapper-kind-data-return_sequences-initial
+    grid = "test_matches_keras_masked_outputs_states_and_gradients"
+    assert f"{grid}[bidirectional-lstm-pre-False-True]" in joined
+    assert f"{grid}[rnn-gru-lengths-False-False]" in joined
+
+
 def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
     # The tests section runs only with 10 s or more left before the end
     # (0.95 x the budget), so at 12 s it is skipped however fast the rest is.
