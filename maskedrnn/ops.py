@@ -141,9 +141,13 @@ def reverse_index(lengths, time):
     # or a symbolic dimension (jax.export), which a cast would turn into a
     # traced value that `arange` cannot size an array with.
     t = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
-    bound = time if isinstance(time, int) else ops.cast(time, "int32")
+    # The clip's bounds as device scalars made without a host copy (a
+    # Python int handed to `ops.maximum` is copied to a CUDA device, which
+    # waits for every queued kernel first).
+    backend = backends.current()
+    zero, bound = backend.scalar(0, "int32"), backend.scalar(time, "int32")
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
-    n = ops.expand_dims(ops.minimum(ops.maximum(lengths, 0), bound), 1)
+    n = ops.expand_dims(ops.minimum(ops.maximum(lengths, zero), bound), 1)
     return ops.where(t < n, n - 1 - t, t)
 
 

@@ -63,8 +63,9 @@ mkdir -p "$WORK/src"
   tar --null -T - -cf -) | tar -xf - -C "$WORK/src"
 python -m build --wheel --outdir "$WORK/dist" "$WORK/src" > "$WORK/build.log" 2>&1 ||
   { cat "$WORK/build.log"; exit 1; }
-WHEEL=$(ls "$WORK"/dist/maskedrnn-*.whl)
-step "built $(basename "$WHEEL")"
+# --wheel: the wheel is the one file in dist/.
+WHEEL=$(ls "$WORK"/dist/maskedrnn-*)
+step "built the wheel $(basename "$WHEEL" | sed 's/[.][^.]*$//')"
 
 for profile in "${PROFILES[@]}"; do
   venv="$WORK/venv-$profile"

@@ -1,12 +1,13 @@
 """The GPU check of maskedrnn: one command per backend, within a time budget.
 
-On the GPU machine (../shared/gpu/README.md: torch and JAX, no TensorFlow,
-keras from the carried `.whl/` folder), one command per backend:
+On any machine with a CUDA GPU, from a checkout of this repository, with
+the backend's CUDA build and pytest installed (no TensorFlow needed;
+docs/benchmarks.md, "Measuring on a GPU"), one command per backend:
 
-    KERAS_BACKEND=torch python3 scripts/gpu_check.py --backend torch \\
-        --budget-s 300 --out "$OUT"
-    KERAS_BACKEND=jax python3 scripts/gpu_check.py --backend jax \\
-        --budget-s 240 --out "$OUT"
+    KERAS_BACKEND=torch python scripts/gpu_check.py --backend torch \\
+        --budget-s 300 --out DIR
+    KERAS_BACKEND=jax python scripts/gpu_check.py --backend jax \\
+        --budget-s 250 --out DIR
 
 and on any machine the rehearsal of every section at tiny sizes (CI,
 tests/test_gpu_check.py):
@@ -14,7 +15,9 @@ tests/test_gpu_check.py):
     python scripts/gpu_check.py --backend torch --budget-s 120 --out DIR \\
         --device cpu --quick
 
-Sections, in order, each written to the JSON as soon as it ends:
+Sections, each written to the JSON as soon as it ends (the first timing
+case runs before the correctness section, the other timing cases after
+it, see the budget below):
 
 - `environment`: versions, the device, cuDNN, the TF32 flags (torch) or
   JAX's default matmul precision, the ways the backend offers;
@@ -23,21 +26,30 @@ Sections, in order, each written to the JSON as soon as it ends:
   tolerances asserted;
 - `timings` (the default TF32 setting, recorded): `maskedrnn.bench` cases,
   each in the bench's JSON form (`config`, `environment`, `rows`,
-  `ratios`), with every way the backend offers forced as rows of its own
-  (`--way`), Keras' masked layer timed at most 3 times (`--slow-repeats`);
+  `ratios`); first the headline (an LSTM, pre-padded: ours against Keras'
+  unmasked and masked layers, profiled), then every case with every way
+  the backend offers forced as rows of its own (`--way`); Keras' masked
+  layer timed at most 3 times (`--slow-repeats`);
 - `tests`: a GPU smoke subset of the test suite in a subprocess (at most
-  2 minutes; pytest-timeout where installed).
+  2 minutes; pytest-timeout where installed; `scripts/gpu_smoke.py`), on
+  torch the one-call way's tests (tests/test_torch_fused.py) first.
 
 Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
 `mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
 timing case), B=6 T=7 D=3 U=4 (the edge batch). `--quick`: every section
 at tiny sizes, 2 of the 32 correctness cases (each value of each factor)
-and 2 timing cases (pre-padded; post-padded and long).
+and 2 timing cases (the headline, pre-padded; post-padded and long with
+every way).
 
 The budget: the check stops itself before `--budget-s` seconds (counted
 from its start). The tests get up to min(120 s, 30% of the budget) at the
 end; of the time before them, correctness gets up to 45%, the timings the
-rest. Before each case it estimates the case's time from the
+rest. The headline timing case runs first, with the timings' whole share
+before it: a backend that compiles every case (JAX) spends the correctness
+section's time on compiling, and the headline must never be what is left
+out. On JAX each correctness case compiles its oracle (Keras' masked
+layer) once per layer and shape, reused across the cases that share them
+(`gpu_parity.Runner`). Before each case it estimates the case's time from the
 cases before it and skips what would not fit; a case still running at its
 section's deadline is interrupted (a timer); both are recorded under the
 section's `skipped`. A case that does not return within a grace period
@@ -75,6 +87,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's package, not an installed one
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from gpu_budget import Budget, OutOfTime, start_watchdog  # noqa: E402
+from gpu_smoke import SMOKE, smoke_selection, smoke_tests  # noqa: E402, F401
 
 # Sizes of the cases (batch, time, features, units), repeats and warm-up.
 SIZES = {
@@ -95,22 +108,6 @@ SIZES = {
         "tests_s": 120,
     },
 }
-# The smoke subset: what a GPU changes (devices, cuDNN, profiles, saving on
-# the GPU and loading on a CPU) without the long parametrized grids.
-SMOKE = [
-    "tests/test_bench_kernels.py",
-    "tests/test_gpu_to_cpu.py",
-    "tests/test_final_state.py",
-    "tests/test_backends.py",
-    "tests/test_precision.py",
-    "tests/test_masked_bidirectional.py::test_gradients_match_keras",
-    "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
-]
-SMOKE_TORCH = ["tests/test_torch_kernels.py"]
-# --quick: one short test shows the section runs pytest and records it.
-SMOKE_QUICK = [
-    "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
-]
 SECTIONS = ("environment", "correctness", "timings", "tests")
 # Share of the time before the tests that the correctness section may use.
 CORRECTNESS_SHARE = 0.45
@@ -130,6 +127,10 @@ class Check:
         self.log_path.write_text("")
         self.budget = Budget(args.budget_s, START)
         self.failures = []
+        # Seconds per cost unit measured so far, per section (its estimates).
+        self.per_unit = {}
+        # Sections whose every case ran or was skipped.
+        self.done = set()
         # (section, case name, deadline) of the case that runs, for the watchdog.
         self.running = None
         self.lock = threading.Lock()
@@ -183,6 +184,8 @@ class Check:
         for section in SECTIONS:
             if section not in self.results:
                 self.results[section] = {"skipped": f"not run: {where} {why}"}
+            elif section not in self.done:  # some of its cases ran
+                self.results[section]["not_run"] = f"the rest: {where} {why}"
         self.results["status"] = "out of time"
         self.results["watchdog"] = {
             "case": where,
@@ -201,10 +204,12 @@ class Check:
     def run_cases(self, section, cases, run_one, deadline, cost):
         """Runs `run_one(name, case)` for each `(name, case)` before
         `deadline`, skipping a case whose estimated time (`cost(case)`
-        units at the measured seconds per unit so far) would not fit."""
+        units at the measured seconds per unit so far) would not fit. A
+        section may run in parts: its records and estimates carry over."""
         record = self.results[section]
-        record.update(cases=[], skipped=[])
-        per_unit = None
+        record.setdefault("cases", [])
+        record.setdefault("skipped", [])
+        per_unit = self.per_unit.get(section)
         for name, case in cases:
             left = self.budget.left(deadline)
             estimate = None if per_unit is None else 1.2 * per_unit * cost(case)
@@ -241,6 +246,7 @@ class Check:
                 continue
             seconds = time.monotonic() - started
             per_unit = seconds / max(cost(case), 1e-9)
+            self.per_unit[section] = per_unit
             result["seconds"] = round(seconds, 2)
             record["cases"].append(result)
             self.flush()
@@ -349,6 +355,7 @@ def correctness(check, backend, device, deadline):
 
         cases = gpu_parity.cases(sizes["main"], sizes["edge"], check.args.quick)
         check.run_cases("correctness", cases, run_one, deadline, cost)
+    check.done.add("correctness")
 
 
 def relative_cost(size, main):
@@ -363,27 +370,31 @@ def relative_cost(size, main):
 
 
 def timing_cases(quick):
-    """`(name, bench options, size, profile)`, most telling first (`quick`:
-    pre- and post-padded, and long, in two cases)."""
+    """`(name, bench options, size, profile, ways)`, most telling first: the
+    headline (an LSTM, pre-padded, profiled, ours' default plan only: the
+    case that must fit), then each case with every way forced (`ways`)
+    (`quick`: the headline, and post-padded and long in one case)."""
+    headline = ("lstm-pre", [], "main", True, False)
     if quick:
-        return [("lstm-pre", [], "main", True), ("gru-long-post", [], "long", False)]
-    found = []
+        return [headline, ("gru-long-post", [], "long", False, True)]
+    found = [headline, ("lstm-pre-ways", [], "main", False, True)]
     for padding in ("pre", "post"):
         for cell in ("lstm", "gru"):
-            found.append((f"{cell}-{padding}", [], "main", not found))
+            if (cell, padding) != ("lstm", "pre"):
+                found.append((f"{cell}-{padding}", [], "main", False, True))
     for cell in ("lstm", "gru"):
-        found.append((f"{cell}-pre-state", ["--return-state"], "main", False))
+        found.append((f"{cell}-pre-state", ["--return-state"], "main", False, True))
     for cell in ("lstm", "gru"):
-        found.append((f"{cell}-long-pre", [], "long", False))
+        found.append((f"{cell}-long-pre", [], "long", False, True))
     for cell in ("lstm", "gru"):
-        found.append((f"rnn-{cell}-pre", ["--layer", "rnn"], "main", False))
+        found.append((f"rnn-{cell}-pre", ["--layer", "rnn"], "main", False, True))
     return found
 
 
-def timings(check, backend, device, deadline):
+def timing_plan(check, backend, device):
+    """Starts the `timings` section; its cases as `(name, {"argv", "cost",
+    "profile"})`, in `timing_cases` order."""
     from maskedrnn import backends
-    from maskedrnn.bench import build_parser, format_table
-    from maskedrnn.bench import run as bench_run
 
     sizes = SIZES[check.args.quick]
     check.results["timings"] = {
@@ -391,7 +402,7 @@ def timings(check, backend, device, deadline):
         "ways": list(backends.current().WAYS),
     }
     cases = []
-    for name, extra, size, profile in timing_cases(check.args.quick):
+    for name, extra, size, profile, ways in timing_cases(check.args.quick):
         cell = name.split("-")[1] if name.startswith("rnn-") else name.split("-")[0]
         padding = "post" if "-post" in name else "pre"
         repeats, warmup = sizes["repeats"][size]
@@ -399,10 +410,19 @@ def timings(check, backend, device, deadline):
         argv += [f"--{k}={v}" for k, v in sizes[size].items()]
         argv += ["--repeats", str(repeats), "--warmup", str(warmup)]
         argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
-        argv += ["--way", *backends.current().WAYS, "--no-progress"]
-        argv += ["--device", device, *extra] + (["--profile"] if profile else [])
-        cost = relative_cost(sizes[size], sizes["main"])
+        argv += ["--way", *backends.current().WAYS] if ways else []
+        argv += ["--no-progress", "--device", device, *extra]
+        argv += ["--profile"] if profile else []
+        # Every way forced: about twice the rows of the bench's default.
+        cost = relative_cost(sizes[size], sizes["main"]) * (2 if ways else 1)
         cases.append((name, {"argv": argv, "cost": cost, "profile": profile}))
+    return cases
+
+
+def timings(check, cases, deadline):
+    """Runs timing `cases` (a part of `timing_plan`'s) before `deadline`."""
+    from maskedrnn.bench import build_parser, format_table
+    from maskedrnn.bench import run as bench_run
 
     def run_one(name, case):
         results = bench_run(build_parser().parse_args(case["argv"]))
@@ -432,63 +452,6 @@ def write_profile(check, name, results):
             for k in p.get(kind, []):
                 lines.append(f"  {kind:<17} x{k['count']:<5} {k['name']}")
     check.profile_path.write_text("\n".join(lines) + "\n")
-
-
-def smoke_tests(check, backend, device):
-    """Runs the smoke subset in a subprocess, its output into the log."""
-    quick = check.args.quick
-    selection = SMOKE_QUICK if quick else SMOKE + (
-        SMOKE_TORCH if backend == "torch" else []
-    )
-    left = check.budget.left() - 2
-    limit = min(SIZES[quick]["tests_s"], left)
-    record = check.results["tests"] = {"selection": selection}
-    if limit < 10:
-        record["skipped"] = f"no time left ({max(left, 0):.0f} s)"
-        check.log(f"[tests] skipped: {record['skipped']}")
-        return
-    # -v: a test per line, so that a run stopped at its limit still says
-    # which tests passed.
-    argv = [sys.executable, "-m", "pytest", "-q" if quick else "-v"]
-    argv += ["-p", "no:cacheprovider", "-rfEs"]
-    argv += ["--durations=10"]
-    if importlib.util.find_spec("xdist") is not None:
-        argv += ["-n", "0"]
-    if importlib.util.find_spec("pytest_timeout") is not None:
-        argv += ["--timeout", str(int(max(limit / 2, 5)))]
-    argv += selection
-    env = dict(os.environ, KERAS_BACKEND=backend)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    )
-    if device == "cpu":
-        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
-    record.update(argv=argv[1:], limit_s=round(limit, 1))
-    check.log(f"[tests] {' '.join(argv[1:])} (limit {limit:.0f} s)")
-    offset = check.log_path.stat().st_size
-    started = time.monotonic()
-    with open(check.log_path, "a") as log:
-        try:
-            done = subprocess.run(
-                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                timeout=limit,
-            )
-            record["returncode"] = done.returncode
-        except subprocess.TimeoutExpired:
-            record["returncode"] = None
-            record["skipped"] = f"stopped at the {limit:.0f} s limit"
-    record["seconds"] = round(time.monotonic() - started, 1)
-    with open(check.log_path) as f:
-        f.seek(offset)
-        output = f.read()
-    record["summary"] = [
-        line for line in output.splitlines()
-        if " passed" in line or " failed" in line or " error" in line
-    ][-1:]
-    record["output_tail"] = output[-4000:]
-    if record["returncode"] not in (0, None):
-        check.failures.append(f"tests: pytest exit {record['returncode']}")
-    check.log(f"[tests] exit {record['returncode']} in {record['seconds']} s")
 
 
 def parse_args(argv):
@@ -536,6 +499,7 @@ def start(check, args):
     check.results["environment"] = environment(check, args.backend, device == "gpu")
     check.log(f"[environment] {json.dumps(check.results['environment'])}")
     check.flush()
+    check.done.add("environment")
     return device
 
 
@@ -564,13 +528,20 @@ def main(argv=None):
         return 2
     tests_s = min(SIZES[args.quick]["tests_s"], 0.3 * args.budget_s)
     before_tests = check.budget.end - tests_s
-    split = time.monotonic() + CORRECTNESS_SHARE * (before_tests - time.monotonic())
+    available = before_tests - time.monotonic()
     import keras
 
     with keras.device(device):
+        # The headline timing case first, with the timings' whole share:
+        # the correctness section then still gets its share in full.
+        cases = timing_plan(check, args.backend, device)
+        headline = time.monotonic() + (1 - CORRECTNESS_SHARE) * available
+        timings(check, cases[:1], headline)
+        split = min(time.monotonic() + CORRECTNESS_SHARE * available, before_tests)
         correctness(check, args.backend, device, split)
-        timings(check, args.backend, device, before_tests)
-    smoke_tests(check, args.backend, device)
+        timings(check, cases[1:], before_tests)
+        check.done.add("timings")
+    smoke_tests(check, args.backend, device, SIZES[args.quick]["tests_s"])
     check.results["status"] = "failed" if check.failures else "passed"
     check.flush()
     check.log(

@@ -19,7 +19,10 @@ a way declined here is recorded with its reason) and is compared with
 Tolerances are asserted (`TOLERANCE`): a difference above them fails the
 check. On torch the plan depends on whether gradients are recorded, so
 each way runs twice there (inference and training); on JAX once, under
-`jax.jit` (the plan is made while tracing).
+`jax.jit` (the plan is made while tracing). On JAX the oracle's jitted
+function is kept per layer, case settings and shapes and reused by the
+cases that share them (the `mask=` and `lengths=` cases hand it the same
+mask argument): one compilation instead of one per case.
 """
 
 import keras
@@ -163,16 +166,23 @@ def compare(parts):
 
 class Runner:
     """Runs a layer on this backend: outputs, and with `grads` the gradients
-    of `sum(outputs[k] * weights[k])` for `[x] + initial states + weights`."""
+    of `sum(outputs[k] * weights[k])` for `[x] + initial states + weights`.
+
+    `reuse` (JAX): a key naming the layer's structure (its type and
+    settings, not its weights); calls with the same key and shapes run one
+    jitted function, traced on the first call's layer and given each
+    call's weights as arguments.
+    """
 
     def __init__(self, backend, device):
         self.backend = backend
         self.device = device  # "gpu" or "cpu"
+        self.jitted = {}
 
-    def __call__(self, layer, x, kwargs, initial, weights, grads):
+    def __call__(self, layer, x, kwargs, initial, weights, grads, reuse=None):
         if self.backend == "torch":
             return self._torch(layer, x, kwargs, initial, weights, grads)
-        return self._jax(layer, x, kwargs, initial, weights, grads)
+        return self._jax(layer, x, kwargs, initial, weights, grads, reuse)
 
     def planned_ways(self, layer, x, kwargs, initial):
         """The set of ways the default plan runs, found by tracing alone
@@ -217,9 +227,8 @@ class Runner:
         found = torch.autograd.grad(loss, [x] + initial + params)
         return numpy, [g.detach().cpu().numpy() for g in found]
 
-    def _jax(self, layer, x, kwargs, initial, weights, grads):
+    def _jax(self, layer, x, kwargs, initial, weights, grads, reuse=None):
         import jax
-        import jax.numpy as jnp
 
         device = jax.devices("gpu" if self.device == "gpu" else "cpu")[0]
         put = lambda a: jax.device_put(a, device)  # noqa: E731
@@ -227,30 +236,54 @@ class Runner:
         fixed = [v.value for v in layer.non_trainable_variables]
         x, kwargs = put(x), {k: put(v) for k, v in kwargs.items()}
         initial, weights = [put(s) for s in initial], [put(w) for w in weights]
+        args = (trainable, fixed, x, initial, kwargs, weights)
+        key = None
+        if reuse is not None:
+            shapes = jax.tree_util.tree_map(lambda a: (a.shape, str(a.dtype)), args)
+            key = (reuse, grads, str(jax.tree_util.tree_structure(args)), str(shapes))
+        step = self.jitted.get(key) if key is not None else None
+        if step is None:
+            step = jax.jit(_jax_step(layer, grads))
+            if key is not None:
+                self.jitted[key] = step
+        outs, found = step(*args)
+        outs = [np.asarray(o) for o in outs]
+        return outs, None if found is None else [np.asarray(g) for g in found]
 
-        def forward(trainable, x, initial, kwargs):
-            outs, _ = layer.stateless_call(
-                trainable,
-                fixed,
-                x,
-                initial_state=initial or None,
-                training=grads,
-                **kwargs,
-            )
-            return flat(outs)
 
+def _jax_step(layer, grads):
+    """`step(trainable, fixed, x, initial, kwargs, weights)` -> `(outputs,
+    gradients or None)` of `layer` (`Runner`): every value an argument, so
+    one jitted step serves any layer of the same structure."""
+    import jax
+    import jax.numpy as jnp
+
+    def forward(trainable, fixed, x, initial, kwargs):
+        outs, _ = layer.stateless_call(
+            trainable,
+            fixed,
+            x,
+            initial_state=initial or None,
+            training=grads,
+            **kwargs,
+        )
+        return flat(outs)
+
+    def loss(trainable, fixed, x, initial, kwargs, weights):
+        outs = forward(trainable, fixed, x, initial, kwargs)
+        return sum(jnp.sum(o * w) for o, w in zip(outs, weights)), outs
+
+    grad = jax.value_and_grad(loss, argnums=(0, 2, 3), has_aux=True)
+
+    def step(trainable, fixed, x, initial, kwargs, weights):
         if not grads:
-            outs = jax.jit(forward)(trainable, x, initial, kwargs)
-            return [np.asarray(o) for o in outs], None
+            return forward(trainable, fixed, x, initial, kwargs), None
+        (_, outs), (g_w, g_x, g_init) = grad(
+            trainable, fixed, x, initial, kwargs, weights
+        )
+        return outs, [g_x, *g_init, *g_w]
 
-        def loss(trainable, x, initial, kwargs):
-            outs = forward(trainable, x, initial, kwargs)
-            return sum(jnp.sum(o * w) for o, w in zip(outs, weights)), outs
-
-        step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-        (_, outs), (g_w, g_x, g_init) = step(trainable, x, initial, kwargs)
-        found = [g_x, *g_init, *g_w]
-        return [np.asarray(o) for o in outs], [np.asarray(g) for g in found]
+    return step
 
 
 def torch_packed(ref, case, x, mask, weights, device):
@@ -298,7 +331,11 @@ def run_case(name, case, runner, backend, device, seed=0):
     weights = [
         rng.standard_normal(shape).astype("float32") for shape in output_shapes(case)
     ]
-    ref_out, ref_grads = runner(ref, x, {"mask": mask}, initial, weights, grads=True)
+    # The oracle's structure: the same for the mask= and lengths= cases.
+    reuse = ("keras_masked", case["cell"], case["layer"], case["states"])
+    ref_out, ref_grads = runner(
+        ref, x, {"mask": mask}, initial, weights, grads=True, reuse=reuse
+    )
     n_init = len(initial)
     record = {"name": name, "case": case, "ways": [], "ok": True}
     packed = None

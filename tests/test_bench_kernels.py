@@ -410,7 +410,7 @@ def test_conftest_turns_tf32_off_for_every_test():
 
 
 def test_a_failing_profiler_keeps_the_timings(monkeypatch):
-    """On a GPU machine the profiler may be unusable (no CUPTI): the run
+    """With a GPU the profiler may be unusable (no CUPTI): the run
     must still finish and say why there is no profile."""
     from maskedrnn.bench import timing
 

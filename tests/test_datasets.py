@@ -32,7 +32,7 @@ from maskedrnn.datasets import (
 
 DATA_DIR = pathlib.Path(datasets.__file__).parent / "data"
 
-# SHA-256 of the files inside aeon-1.6.0-py3-none-any.whl (PyPI), at
+# SHA-256 of the files inside aeon 1.6.0's py3-none-any wheel (PyPI), at
 # aeon/datasets/data/JapaneseVowels/JapaneseVowels_{TRAIN,TEST}.ts.
 AEON_1_6_0_SHA256 = {
     "JapaneseVowels_TRAIN.ts": (

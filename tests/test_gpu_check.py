@@ -1,6 +1,6 @@
 """`scripts/gpu_check.py`: the GPU check, rehearsed on a CPU.
 
-The check runs on a GPU machine CI does not have, within a time budget and
+The check runs on a CUDA GPU, which CI does not have, within a time budget and
 a limit on the files it may return. Its rehearsal (`--device cpu --quick`:
 every section at tiny sizes) runs here once per backend, in a fresh
 process, and must: exit 0, write at most 6 files, fill every section
@@ -33,7 +33,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         BACKEND not in ("torch", "jax"),
-        reason="the GPU machine has torch and JAX, no TensorFlow",
+        reason="the GPU check runs on torch and JAX, not TensorFlow",
     ),
 ]
 
@@ -124,8 +124,15 @@ def test_correctness_checks_every_way_of_every_case(rehearsal):
 
 
 def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
+    """The headline case (LSTM, pre-padded, ours' default plan) first, then
+    the rest with every way forced, each in the bench's JSON form."""
     section = rehearsal[2]["timings"]
     assert section["skipped"] == [] and len(section["cases"]) == 2
+    headline, with_ways = section["cases"]
+    assert headline["name"] == "lstm-pre" and "--way" not in headline["argv"]
+    assert not any(":" in r["impl"] for r in headline["results"]["rows"])
+    assert "--profile" in headline["argv"]
+    assert "--way" in with_ways["argv"]
     ways = backends.current().WAYS
     paddings = set()
     for case in section["cases"]:
@@ -144,7 +151,7 @@ def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
         assert capsys.readouterr().out.strip() == table.strip()
         rows = {(r["impl"], r["mode"]) for r in results["rows"]}
         declined = {(d["impl"], d["mode"]) for d in results.get("declined", [])}
-        for way in ways:
+        for way in ways if case is with_ways else ():
             for mode in ("train", "infer"):
                 assert (f"maskedrnn:{way}", mode) in rows | declined, (way, mode)
         assert {"keras_masked", "keras_unmasked"} <= {impl for impl, _ in rows}
@@ -155,6 +162,69 @@ def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
                 assert len(row["times_ms"]) <= 3
     assert paddings == {"pre", "post"}
     assert any(c["results"]["config"]["time"] > 6 for c in section["cases"])  # long
+
+
+def test_the_smoke_subset_runs_the_one_call_way_tests_first():
+    """On torch the test subset starts with the one-call way's tests, and
+    what it collects covers float16 and bfloat16, go_backwards,
+    return_sequences=False, initial states and every merge mode (pytest's
+    own collection of the selection is the oracle)."""
+    check = script("gpu_check")
+    selection = check.smoke_selection(BACKEND, quick=False)
+    assert set(check.SMOKE) <= set(selection)
+    if BACKEND != "torch":
+        return
+    assert selection[0] == "tests/test_torch_fused.py"
+    assert check.smoke_selection(BACKEND, quick=True)[0].startswith(selection[0])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q",
+         "-p", "no:cacheprovider", *selection],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ids = [line for line in done.stdout.splitlines() if "test_torch_fused.py::" in line]
+    joined = "\n".join(ids)
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        assert f"test_mixed_precision_matches_keras_masked[lstm-{policy}]" in joined
+    assert "test_masked_rnn_go_backwards_matches_keras" in joined
+    for merge_mode in ("concat", "sum", "mul", "ave", "None"):
+        for sequences in ("True", "False"):
+            case = f"{merge_mode}-{sequences}"
+            assert f"test_merge_modes_without_states[{case}]" in joined
+    # wrapper-kind-data-return_sequences-initial
+    grid = "test_matches_keras_masked_outputs_states_and_gradients"
+    assert f"{grid}[bidirectional-lstm-pre-False-True]" in joined
+    assert f"{grid}[rnn-gru-lengths-False-False]" in joined
+
+
+def test_the_headline_timing_runs_before_the_correctness_section(rehearsal):
+    """The headline timing case runs first, with the timings' whole share
+    before it: a section of compilations (JAX's correctness) can never
+    leave the timings empty. The log's order is the oracle."""
+    log = (rehearsal[3] / f"gpu_check-{BACKEND}.log").read_text()
+    headline = log.index("[timings] lstm-pre:")
+    assert headline < log.index("[correctness]") < log.index("[timings] gru-long")
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the oracle's jitted function: JAX")
+def test_the_oracle_compiles_once_per_layer_and_shape():
+    """The `mask=` and `lengths=` cases of one layer and size share the
+    oracle's jitted function (one compilation), and each case is still
+    checked against an oracle with its own weights: ours agrees with it
+    (were the first case's weights reused, ours would not)."""
+    parity = script("gpu_parity")
+    runner = parity.Runner(BACKEND, "cpu")
+    found = dict(parity.cases(parity.EDGE, parity.EDGE))
+    names = ["edge-lstm-rnn-mask_pre", "edge-lstm-rnn-lengths_post"]
+    records = [
+        parity.run_case(name, found[name], runner, BACKEND, "cpu", seed=i)
+        for i, name in enumerate(names)
+    ]
+    assert all(r["ok"] for r in records), records
+    assert len(runner.jitted) == 1
+    (step,) = runner.jitted.values()
+    assert step._cache_size() == 1
 
 
 def test_a_small_budget_stops_early_and_says_what_it_skipped(tmp_path):
@@ -209,6 +279,7 @@ gpu_parity.run_case = stuck_case
 spec = importlib.util.spec_from_file_location("gpu_check", {str(SCRIPT)!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
+module.timing_cases = lambda quick: []  # straight to the stuck case
 sys.exit(module.main({["--backend", BACKEND, "--budget-s", str(budget), "--out",
                       str(tmp_path), "--device", "cpu", "--quick"]!r}))
 """
@@ -229,8 +300,9 @@ sys.exit(module.main({["--backend", BACKEND, "--budget-s", str(budget), "--out",
     assert watchdog["case"] == f"correctness {first['name']}"
     assert "did not return" in first["why"] and "watchdog" in first["why"]
     assert "stuck_case" in watchdog["main_thread_stack"]
-    for section in ("timings", "tests"):
-        assert results[section]["skipped"].startswith("not run: correctness")
+    assert results["tests"]["skipped"].startswith("not run: correctness")
+    # The timings section had begun (its headline first): the rest not run.
+    assert results["timings"]["not_run"].startswith("the rest: correctness")
     log = (tmp_path / f"gpu_check-{BACKEND}.log").read_text()
     assert "[watchdog]" in log and "stuck_case" in log
 

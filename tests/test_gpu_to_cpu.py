@@ -1,4 +1,4 @@
-"""Train and save where the suite runs (on a GPU machine: on the GPU, through
+"""Train and save where the suite runs (with a CUDA GPU: on the GPU, through
 cuDNN), then load and predict on a CPU, in a fresh process that sees no GPU.
 
 The saved predictions are checked first against the oracle, Keras'
@@ -7,7 +7,7 @@ CPU process must then predict the same. On a CPU-only machine both sides
 would be the CPU, and the test would only check the save -> fresh process
 -> load path, which tests/test_deploy.py covers on CPUs already (across backends):
 so without a GPU this test is skipped, to keep CI short; scripts/gpu_check.py
-runs it on a GPU machine. This module is also the worker of that process:
+runs it where a GPU is. This module is also the worker of that process:
 `python -m tests.test_gpu_to_cpu WORKDIR`.
 """
 

@@ -146,6 +146,35 @@ def test_force_rejects_unknown_ways_and_declines_with_the_reason():
     assert backends.forced() is None
 
 
+@pytest.mark.skipif(
+    BACKEND not in ("torch", "jax"), reason="the one-call ways: torch and JAX"
+)
+def test_unroll_declines_the_one_call_way_on_every_backend_with_it():
+    """One rule where a backend has a one-call way: `unroll=True` asks for
+    Keras' unrolled loop, so that way is declined (forcing it raises
+    `Declined` saying so) and `kernel_info()` names the reason; the layer
+    runs Keras' unmasked layer, equal to Keras' masked one (rolled: Keras'
+    unrolled loop with a mask fails on some backends)."""
+    (way,) = backends.current().FUSED_WAYS
+    _, ref = oracle_pair("lstm", U, D, return_sequences=True)
+    ours = MaskedBidirectional(
+        keras.layers.LSTM(U, return_sequences=True, unroll=True)
+    )
+    ours.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    x, mask = _inputs()
+    with backends.force(way):
+        with pytest.raises(backends.Declined, match="unroll=True asks for Keras"):
+            ours(x, mask=mask)
+    options = backends.plan({"forward": ours.forward_layer}, None, False)
+    why = dict(options.directions[0].options)[way]
+    assert why.hard and "unroll=True" in str(why)
+    with backends.record() as plans:
+        got = ours(x, mask=mask)
+    assert way not in {d.way for d in plans[0].directions}
+    assert_close(got, ref(x, mask=mask))
+
+
 def test_a_call_builds_no_reason_sentence(monkeypatch):
     """Sentences are built only for `kernel_info()`: a call that passes
     over ways (a generic cell declines the unmasked ones) builds none."""

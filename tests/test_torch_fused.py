@@ -17,6 +17,11 @@ directions must match; input dropout runs one direction per call), the
 `kernel_info()` sentence, no host sync in the call (the calls that would
 sync raise), and `lengths=` on an accelerator checked on the device (bad
 rows NaN, no host read).
+
+Device-agnostic: the tensors go where Keras puts the weights (CUDA on a
+GPU, where `scripts/gpu_check.py` runs this module in its test subset and
+the way runs cuDNN) and come back through `.cpu()`; TF32 is off for the
+whole run (tests/conftest.py), so float32 stays float32 there.
 """
 
 import keras
@@ -31,7 +36,12 @@ if BACKEND != "torch":
 
 import torch  # noqa: E402
 
+from maskedrnn._keras_private import keras_torch_device  # noqa: E402
 from maskedrnn.backends import torch as torch_backend  # noqa: E402
+
+# Where Keras puts the layers' weights and new tensors: the tests' tensors
+# too.
+DEVICE = torch.device(keras_torch_device())
 
 B, T, D, U = 5, 6, 3, 4
 
@@ -71,6 +81,16 @@ MASKS = {
 LENGTHS = np.array([6, 3, 0, 1, 5], "int32")
 
 
+def _t(data, **kwargs):
+    """A tensor of `data` on `DEVICE`."""
+    return torch.tensor(data, device=DEVICE, **kwargs)
+
+
+def _np(t):
+    """A tensor's values as numpy, from any device."""
+    return t.detach().float().cpu().numpy()
+
+
 def _x(seed=0):
     x = np.random.default_rng(seed).standard_normal((B, T, D)).astype("float32")
     return x
@@ -89,10 +109,10 @@ def _n_states(kind, wrapper):
 def _grads(layer, x, call_kwargs, initial_state=None, way=None):
     """Outputs and the gradients of a fixed random loss over every output
     with respect to `x`, every trainable weight and the initial states."""
-    xt = torch.tensor(x, requires_grad=True)
+    xt = _t(x, requires_grad=True)
     states = None
     if initial_state is not None:
-        states = [torch.tensor(s, requires_grad=True) for s in initial_state]
+        states = [_t(s, requires_grad=True) for s in initial_state]
         call_kwargs = dict(call_kwargs, initial_state=states)
     if way is None:
         outs = layer(xt, **call_kwargs)
@@ -102,18 +122,15 @@ def _grads(layer, x, call_kwargs, initial_state=None, way=None):
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     rng = np.random.default_rng(7)
     loss = sum(
-        (
-            o.float()
-            * torch.tensor(rng.standard_normal(tuple(o.shape)), dtype=torch.float32)
-        ).sum()
+        (o.float() * _t(rng.standard_normal(tuple(o.shape)), dtype=torch.float32)).sum()
         for o in outs
     )
     wrt = [xt] + [v.value for v in layer.trainable_variables] + (states or [])
     grads = torch.autograd.grad(loss, wrt, allow_unused=True)
     grads = [
-        np.zeros(tuple(w.shape)) if g is None else g.numpy() for g, w in zip(grads, wrt)
+        np.zeros(tuple(w.shape)) if g is None else _np(g) for g, w in zip(grads, wrt)
     ]
-    return [o.detach().float().numpy() for o in outs], grads
+    return [_np(o) for o in outs], grads
 
 
 def _assert_same(ours, ref, atol=1e-5):
@@ -227,6 +244,43 @@ def test_mixed_precision_matches_keras_masked(kind, policy):
     _assert_same(got, want, atol=atol)
 
 
+@pytest.mark.parametrize("features", [3, 7, 8])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_kernel_input_width_is_a_multiple_of_eight(kind, features, monkeypatch):
+    """The flag feature is followed by zero columns (input and `W_ih`) up to
+    a multiple of 8 input features (cuDNN's input GEMM keeps tensor cores
+    for such widths; D=512 would give 513): outputs, final states and the
+    gradients of the inputs, every weight and the initial states equal
+    Keras' masked layer's and the unpadded call's (`ALIGN = 1`)."""
+    from maskedrnn.backends import torch_fused
+
+    widths = []
+    for name in ("lstm", "gru"):
+        original = getattr(torch._VF, name)
+
+        def spy(data, hx, params, *flags, _original=original):
+            widths.append((data.shape[-1], params[0].shape[1]))
+            return _original(data, hx, params, *flags)
+
+        monkeypatch.setattr(torch._VF, name, spy)
+    ours, ref = oracle_pair(
+        kind, U, features, return_sequences=True, return_state=True
+    )
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((B, T, features)).astype("float32")
+    initial = _states(_n_states(kind, "bidirectional"))
+    kwargs = dict(mask=MASKS["holes"])
+    got = _grads(ours, x, kwargs, initial, "torch-fused")
+    padded = -(-(features + 1) // 8) * 8
+    assert widths and all(w == (padded, padded) for w in widths), widths
+    _assert_same(got, _grads(ref, x, kwargs, initial))
+    widths.clear()
+    monkeypatch.setattr(torch_fused, "ALIGN", 1)
+    unpadded = _grads(ours, x, kwargs, initial, "torch-fused")
+    assert widths and all(w == (features + 1,) * 2 for w in widths), widths
+    _assert_same(got, unpadded, atol=1e-6)
+
+
 # ----------------------------------------------- PyTorch's packed modules
 
 
@@ -259,6 +313,7 @@ def test_matches_pytorch_packed_sequence(kind, bidirectional):
 
     module_cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
     module = module_cls(D, U, batch_first=True, bidirectional=bidirectional)
+    module.to(DEVICE)
     to_torch = {"lstm": convert.lstm_to_torch_lstm, "gru": convert.gru_to_torch_gru}[
         kind
     ]
@@ -266,8 +321,8 @@ def test_matches_pytorch_packed_sequence(kind, bidirectional):
     with torch.no_grad():
         for suffix, inner in zip(("", "_reverse"), inners):
             for name, w in zip(names, to_torch(inner.get_weights())):
-                getattr(module, name + suffix).copy_(torch.tensor(w))
-    xt = torch.tensor(x, requires_grad=True)
+                getattr(module, name + suffix).copy_(_t(w))
+    xt = _t(x, requires_grad=True)
     packed = torch.nn.utils.rnn.pack_padded_sequence(
         xt, torch.tensor(lengths), batch_first=True, enforce_sorted=False
     )
@@ -278,21 +333,17 @@ def test_matches_pytorch_packed_sequence(kind, bidirectional):
     # forward direction's states, then the backward's.
     theirs = [y] + [h[d] for d in range(len(inners)) for h in hidden]
     for i, (a, b) in enumerate(zip(outs, theirs)):
-        np.testing.assert_allclose(
-            a, b.detach().numpy(), atol=1e-5, err_msg=f"output {i}"
-        )
+        np.testing.assert_allclose(a, _np(b), atol=1e-5, err_msg=f"output {i}")
     rng = np.random.default_rng(7)  # the loss of `_grads`
     loss = sum(
-        (
-            t * torch.tensor(rng.standard_normal(tuple(t.shape)), dtype=torch.float32)
-        ).sum()
+        (t * _t(rng.standard_normal(tuple(t.shape)), dtype=torch.float32)).sum()
         for t in theirs
     )
     params = [
         getattr(module, n + s) for s in ("", "_reverse")[: len(inners)] for n in names
     ]
     their_grads = torch.autograd.grad(loss, [xt] + params)
-    np.testing.assert_allclose(grads[0], their_grads[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(grads[0], _np(their_grads[0]), atol=1e-5)
     # Keras' gradients per inner (kernel, recurrent kernel, bias) moved to
     # PyTorch's layout; Keras' one LSTM bias is both of PyTorch's.
     ours_moved = []
@@ -303,7 +354,7 @@ def test_matches_pytorch_packed_sequence(kind, bidirectional):
             moved[3] = moved[2]
         ours_moved += moved
     for i, (a, b) in enumerate(zip(ours_moved, their_grads[1:])):
-        np.testing.assert_allclose(a, b.numpy(), atol=1e-5, err_msg=f"weight {i}")
+        np.testing.assert_allclose(a, _np(b), atol=1e-5, err_msg=f"weight {i}")
 
 
 # ----------------------------------------------------------------- plans
@@ -336,8 +387,9 @@ def test_default_plan_is_fused_on_cuda_and_not_on_a_cpu():
 
 def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
     layer = _bidirectional("lstm")
+    on_cpu = torch.zeros((1, T, D), device="cpu")  # the plan for CPU data
     with backends.force("torch-fused"):
-        info = layer.kernel_info()
+        info = layer.kernel_info(on_cpu)
     for sentence in info.values():
         assert sentence.startswith("forced by maskedrnn.backends.force('torch-fused')")
         assert "torch._VF.lstm" in sentence and "in one call" in sentence
@@ -346,7 +398,7 @@ def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
         assert "not the default here" in sentence and "CUDA" in sentence
     gru = _bidirectional("gru")
     with backends.force("torch-fused"):
-        sentence = gru.kernel_info()["backward"]
+        sentence = gru.kernel_info(on_cpu)["backward"]
     assert "torch._VF.gru" in sentence and "update gate 1" in sentence
     cuda = torch_backend.describe(
         "torch-fused",
@@ -355,6 +407,41 @@ def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
         torch_backend.options(gru.forward_layer, "cuda", False),
     )
     assert "not the default" not in cuda
+
+
+@pytest.mark.parametrize("case", ["reset_after", "unroll"])
+def test_on_cuda_each_declined_way_says_its_own_reason(case):
+    """The plan for data on CUDA (asked by device name: no GPU needed) of a
+    layer the one-call way cannot run: a GRU with `reset_after=False`
+    (cuDNN's GRU computes reset_after=True; the reason of every PyTorch way
+    is that equation, not the device) or `unroll=True` (declined as on
+    JAX). Keras' unmasked layer runs, and `kernel_info()`'s sentence gives
+    the real reason, not a device one."""
+    if case == "reset_after":
+        inner = keras.layers.GRU(U, reset_after=False, return_sequences=True)
+        reason = "reset_after=False (PyTorch's and cuDNN's GRU compute"
+    else:
+        inner = keras.layers.LSTM(U, unroll=True, return_sequences=True)
+        reason = "unroll=True asks for Keras' unrolled loop"
+    layer = MaskedBidirectional(inner)
+    layer.build((None, None, D))
+    inners = {"forward": layer.forward_layer, "backward": layer.backward_layer}
+    plan = backends.plan(inners, "cuda", want_states=False)
+    assert [d.way for d in plan.directions] == ["keras-unmasked"] * 2
+    assert plan.route == "valid_first"
+    whys = dict(plan.directions[0].options)
+    assert whys["torch-fused"].hard and reason in str(whys["torch-fused"])
+    for way in ("torch-packed", "torch-unpacked"):
+        assert whys[way].hard
+        if case == "reset_after":
+            assert str(whys[way]) == str(whys["torch-fused"])
+    for sentence in plan.info().values():
+        assert reason in sentence
+        if case == "reset_after":
+            assert "on CUDA" not in sentence
+    with backends.force("torch-fused"):
+        with pytest.raises(backends.Declined, match=reason.split(" (")[0]):
+            backends.plan(inners, "cuda", want_states=False)
 
 
 def test_forcing_declines_what_one_call_cannot_run():
@@ -450,12 +537,12 @@ def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync)
     cls = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
     inner = cls(U, return_sequences=return_sequences, return_state=True)
     layer = MaskedRNN(inner) if call == "lengths_rnn" else MaskedBidirectional(inner)
-    x = torch.tensor(_x(), requires_grad=True)
+    x = _t(_x(), requires_grad=True)
     kwargs = {
-        "mask": dict(mask=torch.tensor(MASKS["holes"])),
-        "float_mask": dict(mask=torch.tensor(MASKS["holes"], dtype=torch.float32)),
+        "mask": dict(mask=_t(MASKS["holes"])),
+        "float_mask": dict(mask=_t(MASKS["holes"], dtype=torch.float32)),
         "none": {},
-    }.get(call, dict(lengths=torch.tensor(LENGTHS)))
+    }.get(call, dict(lengths=_t(LENGTHS)))
     layer(x, **kwargs)  # built outside the armed block
     with backends.force("torch-fused"):
         no_host_sync.append(True)
@@ -466,6 +553,38 @@ def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync)
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("case", ["initial_state", "dropout"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_initial_states_and_input_dropout_make_no_host_sync(kind, case, no_host_sync):
+    """The other routes a call can take on CUDA make no host sync either:
+    given initial states (a bidirectional LSTM's backward direction then
+    runs its own call over rows reversed by their lengths,
+    `ops.reverse_index`) and input dropout while training (one call per
+    direction on the valid-first route, rows reversed the same way)."""
+    cls = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
+    dropout = 0.3 if case == "dropout" else 0.0
+    inner = cls(U, return_sequences=True, return_state=True, dropout=dropout)
+    layer = MaskedBidirectional(inner)
+    x = _t(_x(), requires_grad=True)
+    kwargs = dict(lengths=_t(LENGTHS), training=case == "dropout")
+    if case == "initial_state":
+        kwargs["initial_state"] = [
+            _t(s, requires_grad=True)
+            for s in _states(_n_states(kind, "bidirectional"))
+        ]
+    layer(x, **kwargs)  # built outside the armed block
+    with backends.force("torch-fused"), backends.record() as plans:
+        no_host_sync.append(True)
+        outs = layer(x, **kwargs)
+        sum(o.sum() for o in outs).backward()
+        no_host_sync.clear()
+    assert plans[0].route == ("valid_first" if case == "dropout" else "fused")
+    assert x.grad is not None
+
+
+@pytest.mark.skipif(
+    DEVICE.type != "cpu", reason="PyTorch's caller's-order kernels run on a CPU"
+)
 def test_the_sync_check_catches_the_caller_order_kernels(no_host_sync):
     """The check bites: PyTorch's caller's-order layout (`Layout`) reads the
     lengths on the host (`nonzero`, `int(max)`)."""
@@ -492,8 +611,9 @@ def test_lengths_on_an_accelerator_poison_bad_rows_instead_of_reading_them(
     layer, ref = oracle_pair("gru", U, D, return_sequences=True, return_state=True)
     x = _x(8)
     bad = np.array([6, 9, 2, -1, 0], "int32")
-    with pytest.raises(ValueError, match="lengths must be >= 0"):
-        layer(x, lengths=bad)
+    if DEVICE.type == "cpu":
+        with pytest.raises(ValueError, match="lengths must be >= 0"):
+            layer(x, lengths=bad)
     monkeypatch.setattr(torch_backend, "HOST_DEVICE_TYPES", ())
     with backends.force("torch-fused"):
         outs = [to_np(o) for o in layer(x, lengths=bad)]

@@ -143,17 +143,20 @@ def _unavailable(inner, where):
         return lambda: (
             f"{kind.__name__} has no PyTorch kernel (LSTM, GRU and SimpleRNN do)"
         )
+    # The layer's own reasons first: they hold on every device (on CUDA a
+    # device reason would hide that cuDNN cannot compute the layer either).
+    why = _settings_unavailable(inner) or _equations_unavailable(inner)
+    if why is not None:
+        return why
     device_type = _device_type(where)
     if device_type == "cuda":
         return lambda: (
-            "on CUDA, PyTorch's cuDNN kernel runs every direction in one call "
-            "(the 'torch-fused' way) or Keras' unmasked layer calls it"
+            "on CUDA, cuDNN runs through the one-call way ('torch-fused'); "
+            "PyTorch's caller's-order kernels are the CPU's (they read the "
+            "lengths on the host)"
         )
     if device_type != "cpu":
         return lambda: f"inputs are on a {device_type!r} device, not the CPU"
-    why = _settings_unavailable(inner)
-    if why is not None:
-        return why
     cell = inner.cell
     if cell.variable_dtype not in ("float32", "float64") or (
         cell.compute_dtype != cell.variable_dtype
@@ -162,7 +165,7 @@ def _unavailable(inner, where):
             f"dtype policy {cell.dtype_policy.name!r}: the native path is used "
             "for float32 and float64 only"
         )
-    return _equations_unavailable(inner)
+    return None
 
 
 def _settings_unavailable(inner):
@@ -195,7 +198,10 @@ def _equations_unavailable(inner):
     if cell.activation not in _TANH or cell.recurrent_activation not in _SIGMOID:
         return lambda: "activation must be tanh and recurrent_activation sigmoid"
     if type(inner) is GRU and not cell.reset_after:
-        return lambda: "GRU with reset_after=False (PyTorch's GRU is reset-after)"
+        return lambda: (
+            "GRU with reset_after=False (PyTorch's and cuDNN's GRU compute "
+            "reset_after=True)"
+        )
     return None
 
 
@@ -227,6 +233,10 @@ def _fused_unavailable(inner, where):
     why = _settings_unavailable(inner)
     if why is not None:
         return why
+    if inner.unroll:
+        # JAX's one-call way declines it too; Keras' own layer leaves
+        # cuDNN for its unrolled loop.
+        return lambda: "unroll=True asks for Keras' unrolled loop"
     dtype = inner.cell.compute_dtype
     if dtype not in ("float16", "bfloat16", "float32", "float64"):
         return lambda: f"compute dtype {dtype!r} is not a float PyTorch's RNNs take"
@@ -346,9 +356,8 @@ def describe(way, inner, want_states, options):
         return _describe_fused(inner, options)
     if not way.startswith("torch"):
         text = keras_ways.describe(way, inner, options)
-        native = dict(options)["torch-unpacked"]
-        if way == "keras-unmasked" and native is not None and native.hard:
-            text += f". Not PyTorch's native kernel: {native}"
+        if way == "keras-unmasked":
+            text += _not_native(options)
         return text
     name = type(inner).__name__
     kernel = f"PyTorch's native {name} kernel"
@@ -379,6 +388,20 @@ def describe(way, inner, want_states, options):
             "gate 1, input gate 0), so the kernel's final c is exact"
         )
     return text
+
+
+def _not_native(options):
+    """What stops PyTorch's kernels (caller's-order and one-call), each
+    reason said once, for a Keras way's sentence; "" when none is hard."""
+    found = dict(options)
+    reasons = []
+    for way in ("torch-unpacked", "torch-fused"):
+        why = found.get(way)
+        if why is not None and why.hard and str(why) not in reasons:
+            reasons.append(str(why))
+    if not reasons:
+        return ""
+    return ". Not PyTorch's kernels: " + "; ".join(reasons)
 
 
 def _describe_fused(inner, options):

@@ -14,7 +14,10 @@ column, the flag's weights: `+_SATURATION` on an LSTM's forget gate and
 `-_SATURATION` on its input gate (f = 1, i = 0, so `c_t = c_{t-1}`
 exactly), `+_SATURATION` on a GRU's update gate (z = 1, so `h_t = h_{t-1}`,
 to one rounding per padded step on PyTorch's CPU kernel, which computes
-`(h - n) z + n`). At a valid step the flag adds exactly zero. Then:
+`(h - n) z + n`). At a valid step the flag adds exactly zero. Zero
+columns (input and weights) follow the flag up to a multiple of `ALIGN`
+input features: cuDNN's input GEMM keeps tensor cores for such widths
+(D=512 would give 513), and zeros change no value and no gradient. Then:
 
 - the forward direction reads each row's valid steps and then its tail:
   its outputs at the valid steps are exact, its final `h` is read at the
@@ -47,6 +50,15 @@ from maskedrnn.backends.torch_kernels import (
 )
 
 KINDS = (LSTM, GRU)
+# The kernel's input width (features, the flag, zero columns) is a multiple
+# of this: cuDNN's GEMMs use tensor cores for such widths.
+ALIGN = 8
+
+
+def extra_columns(features):
+    """How many zero columns follow the flag so that `features + 1 +
+    extra_columns(features)` is a multiple of `ALIGN`."""
+    return -(features + 1) % ALIGN
 
 
 def compute_dtype(inner):
@@ -57,7 +69,8 @@ def compute_dtype(inner):
 
 def _fused_params(cell):
     """`[W_ih, W_hh(, b_ih, b_hh)]` of one direction, in PyTorch's layout and
-    the cell's compute dtype, `W_ih` with the padding flag's column last.
+    the cell's compute dtype, `W_ih` with the padding flag's column after
+    the features' and then `extra_columns` zero columns.
 
     LSTM: Keras' gate order i, f, c, o is PyTorch's i, f, g, o; the flag's
     weights are `-S` (i), `+S` (f), 0, 0; Keras' one bias becomes `b_ih`,
@@ -72,7 +85,8 @@ def _fused_params(cell):
     recurrent = as_tensor(cell.recurrent_kernel).to(dtype)
     units = recurrent.shape[0]
     value = _SATURATION_FLOAT16 if dtype == torch.float16 else _SATURATION
-    flag = kernel.new_zeros((1, kernel.shape[1]))
+    # The flag's row, then the alignment's zero rows (`extra_columns`).
+    flag = kernel.new_zeros((1 + extra_columns(kernel.shape[0]), kernel.shape[1]))
     lstm = recurrent.shape[1] == 4 * units
     if lstm:
         flag[0, :units] = -value  # input gate i: sigmoid -> 0
@@ -122,8 +136,13 @@ def run(inners, x, steps, initial_states, want_states):
     batch, time = x.shape[0], x.shape[1]
     units = as_tensor(inners[0].cell.recurrent_kernel).shape[0]
     valid = as_tensor(steps.valid)
-    # The padding flag: 1 at a padded step, 0 at a valid one.
-    data = torch.cat([x, torch.logical_not(valid).to(dtype)[..., None]], 2)
+    # The padding flag: 1 at a padded step, 0 at a valid one; then zero
+    # columns up to a multiple of ALIGN features.
+    flag = torch.logical_not(valid).to(dtype)[..., None]
+    extra = extra_columns(x.shape[2])
+    if extra:
+        flag = torch.nn.functional.pad(flag, (0, extra))
+    data = torch.cat([x, flag], 2)
     params = [p for inner in inners for p in _params(inner.cell, _fused_params)]
     sizes = 2 if lstm else 1
     zeros = None
