@@ -399,6 +399,9 @@ def timings(check, backend, device, deadline):
         argv += [f"--{k}={v}" for k, v in sizes[size].items()]
         argv += ["--repeats", str(repeats), "--warmup", str(warmup)]
         argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
+        # The budget is sized for the steady-state timings: a first call
+        # (trace and compilation) of every case and way would not fit.
+        argv += ["--first-call-repeats", "0"]
         argv += ["--way", *backends.current().WAYS, "--no-progress"]
         argv += ["--device", device, *extra] + (["--profile"] if profile else [])
         cost = relative_cost(sizes[size], sizes["main"])
