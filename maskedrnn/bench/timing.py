@@ -450,8 +450,15 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
             del result
             progress.step(f"{mode} {name}")
 
-    # First calls of fresh steps after the steady-state timing (see
-    # maskedrnn.bench.first_call), in their own random orders.
+    # Profiles after the timing, so the profiler's overhead times nothing.
+    profiles = {}
+    if profile:
+        for name, mode in cases:
+            profiles[name, mode] = _profile(harness, steps[name, mode])
+            progress.step(f"profile {mode} {name}")
+    # First calls of fresh steps last (see maskedrnn.bench.first_call), in
+    # their own random orders: on JAX they clear the caches of the warm
+    # steps, which the profiles run again.
     first = {}
     if first_repeats:
         orders = case_orders(
@@ -460,13 +467,6 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
         first = first_call.measure(
             harness, cases, make_step, orders, checks, _to_numpy, progress
         )
-
-    # Profiles after the timing, so the profiler's overhead times nothing.
-    profiles = {}
-    if profile:
-        for name, mode in cases:
-            profiles[name, mode] = _profile(harness, steps[name, mode])
-            progress.step(f"profile {mode} {name}")
     progress.close()
 
     rows = []
