@@ -5,7 +5,8 @@
 # `python scripts/bench_docs.py` rewrites the pages' tables from the JSON.
 #   scripts/bench_cpu.sh rnn          # only the MaskedRNN runs, left-padded
 # Each run is its own process (the Keras backend and the thread pools are fixed
-# at start). Takes about 45 minutes on a 2-core machine.
+# at start). Takes about 45 minutes on a 2-core machine, plus the first calls
+# (--first-call-repeats 3 by default: a minute or two more per run).
 #   scripts/bench_cpu.sh [NAME...]     # default: all; NAME e.g. torch-lstm, jax-rnn-gru
 # BENCH_ARGS, if set, is added to every run's options (scripts/bench_runs.py
 # passes each round's --order-seed this way).

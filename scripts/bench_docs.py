@@ -16,7 +16,17 @@ against the JSON):
   figures have the target inside their interval;
 - `<!-- bench-runs docs/results/runs-X.json -->`: the summary of
   `scripts/bench_runs.py`'s rounds, one row per run name, mode and ratio
-  with a target (`runs_table`).
+  with a target (`runs_table`);
+- `<!-- bench-first-call -->`: one row per JSON file and ratio; its
+  `fwd+bwd` and `fwd` cells are the JSON's `first_call_ratios` (with the
+  verdict where the row has a target), `ours ms` and `this ms` the first
+  calls' medians of ours and of the other implementation (fwd+bwd; fwd),
+  `load 1 min` the run's load average; "not measured" for a JSON written
+  before the bench timed first calls;
+- `<!-- demo-first-epoch -->`: one row per demo JSON (`python -m
+  maskedrnn --json`): ours' and Keras' masked model's first epoch and
+  later epochs, their ratio against a target, and the command that wrote
+  the file (`demo_table`).
 
 Run after `scripts/bench_cpu.sh`:
 
@@ -42,6 +52,9 @@ RATIOS = re.compile(r"(<!-- bench-ratios -->\n)((?:\|.*\n)+)")
 MET = re.compile(r"\*\*Met: \d+ of the (\d+) figures ([^;]*); missed: \d+[^*]*\.\*\*")
 INTERVAL = "95% interval"
 RUNS = re.compile(r"(<!-- bench-runs (\S+) -->\n)((?:\|.*\n)+)")
+FIRST = re.compile(r"(<!-- bench-first-call -->\n)((?:\|.*\n)+)")
+DEMO = re.compile(r"(<!-- demo-first-epoch -->\n)((?:\|.*\n)+)")
+NOT_MEASURED = "not measured"
 MODES = {"train": "fwd+bwd", "infer": "fwd"}
 
 
@@ -111,6 +124,72 @@ def _ratio_table(table, counts):
     return "\n".join(out) + "\n"
 
 
+def _limit(row):
+    target = row.get("target")
+    return None if target in (None, "–") else float(target.removeprefix("≤ "))
+
+
+def _first_call_table(table):
+    lines = table.rstrip("\n").split("\n")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = lines[:2]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = dict(zip(header, cells))
+        results = _load(row["JSON"].strip("`"))
+        ratio = row["ratio"].strip("`")
+        first = results.get("first_call_ratios")
+        rows = {(r["impl"], r["mode"]): r for r in results["rows"]}
+        for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
+            cell = NOT_MEASURED
+            if first is not None:
+                cell = _cell(f"{first[mode][ratio]:.2f}", _limit(row))
+            cells[header.index(column)] = cell
+        for column, impl in zip(("ours ms", "this ms"), ratio.split("/")):
+            ms = [rows[impl, m].get("first_call_ms") for m in ("train", "infer")]
+            cells[header.index(column)] = (
+                NOT_MEASURED if None in ms else "; ".join(f"{v:.0f}" for v in ms)
+            )
+        load = results["environment"]["load_average_1m"]
+        cells[header.index("load 1 min")] = f"{load:.1f}"
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def demo_table(table):
+    """The `demo-first-epoch` table with its cells from the demo JSON of
+    each row: ours' (the first model) and Keras' masked model's first epoch
+    and mean later epoch in seconds, ours ÷ Keras' first epoch (with its
+    verdict against the row's target) and the command that wrote the file."""
+    lines = table.rstrip("\n").split("\n")
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = lines[:2]
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = dict(zip(header, cells))
+        results = _load(row["JSON"].strip("`"))
+        models = results["models"]
+        ours = models[next(iter(models))]
+        keras_masked = models["keras_masked"]
+        values = {
+            "ours first epoch s": f"{ours['first_epoch_s']:.1f}",
+            "Keras masked first epoch s": f"{keras_masked['first_epoch_s']:.1f}",
+            "ours ÷ Keras masked": _cell(
+                f"{ours['first_epoch_s'] / keras_masked['first_epoch_s']:.2f}",
+                _limit(row),
+            ),
+            "s/epoch after (ours; Keras masked)": (
+                f"{ours['epoch_s']:.2f}; {keras_masked['epoch_s']:.2f}"
+            ),
+            "command": "`KERAS_BACKEND=%s %s`"
+            % (results["backend"], " ".join(results["command"])),
+        }
+        for column, value in values.items():
+            cells[header.index(column)] = value
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def rewrite(page):
     def table(match):
         results = _load(match.group(2))
@@ -118,6 +197,8 @@ def rewrite(page):
 
     page = TABLE.sub(table, page)
     page = RUNS.sub(lambda m: m.group(1) + runs_table(_load(m.group(2))), page)
+    page = FIRST.sub(lambda m: m.group(1) + _first_call_table(m.group(2)), page)
+    page = DEMO.sub(lambda m: m.group(1) + demo_table(m.group(2)), page)
     counts = []
     page = RATIOS.sub(
         lambda m: m.group(1) + _ratio_table(m.group(2), counts), page

@@ -410,6 +410,9 @@ def timing_plan(check, backend, device):
         argv += [f"--{k}={v}" for k, v in sizes[size].items()]
         argv += ["--repeats", str(repeats), "--warmup", str(warmup)]
         argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
+        # The budget is sized for the steady-state timings: a first call
+        # (trace and compilation) of every case and way would not fit.
+        argv += ["--first-call-repeats", "0"]
         argv += ["--way", *backends.current().WAYS] if ways else []
         argv += ["--no-progress", "--device", device, *extra]
         argv += ["--profile"] if profile else []

@@ -344,3 +344,29 @@ def run_python(argv, backend, **env):
 def run_module_on_backend(module, argument, backend):
     """`python -m module argument` under `backend` (see `run_python`)."""
     run_python(["-m", module, str(argument)], backend)
+
+
+class JaxCompiles:
+    """Counts XLA compilations (JAX's backend-compile events) inside a
+    `with` block: `with JaxCompiles() as c: ...; c.count`."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __enter__(self):
+        import jax.monitoring
+
+        self.count = 0
+
+        def listener(event, duration, **kwargs):
+            if event == self.EVENT:
+                self.count += 1
+
+        self._listener = listener
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        return self
+
+    def __exit__(self, *exc):
+        import jax.monitoring
+
+        jax.monitoring.unregister_event_duration_listener(self._listener)
+        return False

@@ -727,7 +727,8 @@ def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_pa
     path = tmp_path / "r.json"
     impl = ["--impl", "keras_masked", "--mode", "infer"]
     bench.main(TINY + QUICK + impl + ["--order-seed", "5", "--json", str(path)])
-    assert seen == [5]
+    # The timing's orders, then the first calls' (their own seed after it).
+    assert seen == [5, 6]
     with open(path) as f:
         assert json.load(f)["config"]["order_seed"] == 5
 
@@ -856,3 +857,122 @@ def test_forced_ways_are_timed_and_checked_and_declines_listed():
         assert ("maskedrnn:torch-packed", "infer") in rows
     table = bench.format_table(results)
     assert all(f"declined: {m} {n}: " in table for n, m in declined)
+
+
+def test_first_calls_are_in_the_json_and_in_their_ratios(lstm_run):
+    """Every row has the median of its first calls (fresh steps, timed after
+    the steady state), whose results are the warm step's; the first-call
+    ratios are the ratios of those medians, for the same pairs as `ratios`."""
+    results, _ = lstm_run
+    config = results["config"]
+    assert config["first_call_repeats"] == 3
+    assert "new layers" in config["first_call_fresh"]
+    rows = by_case(results)
+    for row in results["rows"]:
+        times = np.asarray(row["first_call_times_ms"])
+        assert len(times) == 3 and np.all(times > 0)
+        assert row["first_call_ms"] == pytest.approx(np.median(times))
+        # The same computation as the checked warm step, on new layers.
+        assert row["first_call_max_abs_diff"] < 1e-6, row
+    for mode in ("train", "infer"):
+        first = results["first_call_ratios"][mode]
+        assert set(first) == set(results["ratios"][mode])
+        for key, value in first.items():
+            ours, base = key.split("/")
+            expected = rows[ours, mode]["first_call_ms"] / rows[base, mode][
+                "first_call_ms"
+            ]
+            assert value == pytest.approx(expected, rel=1e-12)
+    table = bench.format_table(results)
+    assert "first call ms" in table.splitlines()[3]
+    value = results["first_call_ratios"]["train"]["maskedrnn/keras_masked"]
+    assert f"first-call ratios (train): maskedrnn/keras_masked = {value:.2f}" in table
+    lines = bench.report.markdown_table(results).splitlines()
+    assert lines[0].endswith(" first call ms |")
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        mode = "train" if cells[0] == "fwd+bwd" else "infer"
+        row = rows[cells[1].split("`")[1], mode]
+        assert cells[7] == f"{row['first_call_ms']:.1f}"
+
+
+def test_no_first_calls_leaves_the_json_as_before(tmp_path):
+    """`--first-call-repeats 0` times no first call: no first-call keys, and
+    the tables keep their columns (committed JSON without them still print)."""
+    results = bench.main(
+        TINY + QUICK + ["--impl", "maskedrnn", "--mode", "infer"]
+        + ["--first-call-repeats", "0"]
+    )
+    assert results["config"]["first_call_repeats"] == 0
+    assert "first_call_ratios" not in results
+    assert all("first_call_ms" not in row for row in results["rows"])
+    assert "first call" not in bench.report.markdown_table(results)
+    with pytest.raises(SystemExit, match="--first-call-repeats must be >= 0"):
+        bench.main(TINY + QUICK + ["--first-call-repeats", "-1"])
+
+
+def _fresh_and_warm_steps(harness, mode):
+    """A warm step of ours (called once: every trace and compilation at
+    these shapes done) and a function that builds a fresh one, as
+    `first_call.measure` does."""
+    from maskedrnn.bench.layers import BenchLayers
+
+    rng = np.random.default_rng(0)
+    layers = BenchLayers("lstm", "bidirectional", 4, 3, 1, False, rng=rng)
+    x = harness.tensor(rng.standard_normal((4, 6, 3)).astype("float32"))
+    w = harness.tensor(rng.standard_normal((4, 6, 8)).astype("float32"))
+    mask = harness.tensor(bench.make_mask(np.array([6, 3, 1, 5]), 6))
+    warm = harness.keras_step(layers.ours_timed, mode, x, w, {"mask": mask})
+    harness.block(warm())
+
+    def fresh():
+        again = BenchLayers("lstm", "bidirectional", 4, 3, 1, False, layers.weights)
+        return harness.keras_step(again.ours_timed, mode, x, w, {"mask": mask})
+
+    return warm, fresh
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA compilations: JAX")
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_first_call_on_jax_compiles_anew_after_the_same_shapes(mode):
+    """The first call of a fresh step compiles with XLA although the warm
+    step compiled the same shapes before; its second call compiles nothing."""
+    from maskedrnn.bench import harness_jax
+    from tests.helpers import JaxCompiles
+
+    harness = harness_jax.Harness(gpu=False)
+    warm, fresh = _fresh_and_warm_steps(harness, mode)
+    with JaxCompiles() as again:
+        harness.block(warm())
+    assert again.count == 0
+    with harness.fresh_compilation():
+        step = fresh()
+        with JaxCompiles() as first:
+            harness.block(step())
+        with JaxCompiles() as second:
+            harness.block(step())
+    assert first.count >= 1 and second.count == 0
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.function traces")
+def test_first_call_on_tensorflow_retraces_module_level_functions():
+    """maskedrnn's module-level tf.functions keep their traces across steps;
+    inside `fresh_compilation` a fresh step traces new copies of them (with
+    the same options), and the originals come back after."""
+    from maskedrnn.bench import harness_tensorflow
+
+    harness = harness_tensorflow.Harness(gpu=False)
+    warm, fresh = _fresh_and_warm_steps(harness, "train")
+    kept = harness.module_functions()
+    before = {(m.__name__, n): f.experimental_get_tracing_count() for m, n, f in kept}
+    with harness.fresh_compilation():
+        copies = harness.module_functions()
+        assert [n for _, n, _ in copies] == [n for _, n, _ in kept]
+        for (_, _, copy), (_, _, original) in zip(copies, kept):
+            assert copy is not original
+            assert copy._reduce_retracing == original._reduce_retracing
+        harness.block(fresh()())
+    assert [f for _, _, f in harness.module_functions()] == [f for _, _, f in kept]
+    # The fresh step reused no trace of the originals.
+    after = {(m.__name__, n): f.experimental_get_tracing_count() for m, n, f in kept}
+    assert after == before

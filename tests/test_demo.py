@@ -310,6 +310,10 @@ def test_cli_exits_nonzero_when_ours_disagrees(monkeypatch, capsys, tmp_path):
     assert len(summary["problems"]) == 1 and "disagree" in summary["problems"][0]
     assert set(summary["models"]) == set(demo.MODEL_NAMES)
     assert "logits" not in summary["models"]["naive"]
+    for model in summary["models"].values():
+        # Each model's first epoch (its tracing and compiling included), as
+        # docs/benchmarks.md quotes it.
+        assert model["first_epoch_s"] > 0 and model["epoch_s"] > 0
 
 
 def test_thread_count_resolution(monkeypatch):

@@ -183,6 +183,62 @@ def test_demo_table_quotes_its_json():
         assert cells[extra[0]] == f"{100 * value:.2f} %", line
 
 
+def _verdict(value, target):
+    """A ratio cell: the value, with "met"/"**missed** by" for a target."""
+    if target == "–":
+        return value
+    limit = float(target.removeprefix("≤ "))
+    if float(value) <= limit:
+        return f"{value} met"
+    return f"{value} **missed** by {float(value) - limit:.2f}"
+
+
+def test_first_call_tables_quote_their_json():
+    """Each row of a `bench-first-call` table quotes its JSON file's
+    first-call ratio (with its verdict) and both implementations' first-call
+    medians; a file without first calls says "not measured"."""
+    tables = _marked(r"<!-- bench-first-call -->\n((?:\|.*\n)+)")
+    assert tables
+    measured = 0
+    for page, table in tables:
+        for line, cells in _rows(table):
+            results = _load(cells["JSON"].strip("`"))
+            ratio = cells["ratio"].strip("`")
+            rows = {(r["impl"], r["mode"]): r for r in results["rows"]}
+            if "first_call_ratios" not in results:
+                assert cells["fwd+bwd"] == cells["fwd"] == "not measured", line
+                continue
+            measured += 1
+            for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
+                value = f"{results['first_call_ratios'][mode][ratio]:.2f}"
+                assert cells[column] == _verdict(value, cells["target"]), line
+            for column, impl in zip(("ours ms", "this ms"), ratio.split("/")):
+                ms = [rows[impl, m]["first_call_ms"] for m in ("train", "infer")]
+                assert cells[column] == "%.0f; %.0f" % tuple(ms), line
+    assert measured
+
+
+def test_demo_first_epoch_table_quotes_its_json_and_its_command():
+    tables = _marked(r"<!-- demo-first-epoch -->\n((?:\|.*\n)+)")
+    assert tables
+    for page, table in tables:
+        for line, cells in _rows(table):
+            path = cells["JSON"].strip("`")
+            results = _load(path)
+            models = list(results["models"].values())
+            ours, keras_masked = models[0], results["models"]["keras_masked"]
+            assert cells["ours first epoch s"] == f"{ours['first_epoch_s']:.1f}"
+            assert cells["Keras masked first epoch s"] == (
+                f"{keras_masked['first_epoch_s']:.1f}"
+            )
+            ratio = f"{ours['first_epoch_s'] / keras_masked['first_epoch_s']:.2f}"
+            assert cells["ours ÷ Keras masked"] == _verdict(ratio, cells["target"])
+            command = cells["command"].strip("`").split()
+            assert command[0] == f"KERAS_BACKEND={results['backend']}"
+            assert command[1:] == results["command"]
+            assert command[-2:] == ["--json", path], line
+
+
 # ------------------------------------------- what a reader can resolve
 
 # Words that point outside the repository: a tracker's issue numbers, the

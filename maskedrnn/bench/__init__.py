@@ -52,9 +52,15 @@ lists them, and `declined` the ways the backend declines for the layer.
 with and without the mask and PyTorch's unidirectional module; `--layers N`
 stacks N layers (`--preset stacked`: the GPU sizes, 2 layers).
 
+After the timing, each case's first call is timed `--first-call-repeats`
+times (default 3): a fresh step on new layers, in a new `tf.function` /
+`jax.jit` (on torch the first eager call), trace and compilation included;
+rows get `first_call_ms`, the JSON `first_call_ratios` (`first_call`).
+
 Layout: `config` (names, presets, options, data), `harness_tensorflow`,
 `harness_jax`, `harness_torch` (compiling, syncing, devices, threads),
-`kernels` (spies and profiles), `timing` (the run), `report` (table, JSON
+`layers` (the timed layers), `kernels` (spies and profiles), `timing` (the
+run), `first_call` (first calls of fresh steps), `report` (table, JSON
 fields, plot), `cli` (`main`).
 
 Example:

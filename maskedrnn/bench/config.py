@@ -324,6 +324,16 @@ def build_parser():
         "(default: --repeats and --warmup, as the rest)",
     )
     parser.add_argument("--repeats", type=int, help="timed runs per case")
+    parser.add_argument(
+        "--first-call-repeats",
+        type=int,
+        default=3,
+        metavar="N",
+        help="after the timing, time N first calls of each case, each on new "
+        "layers in a new tf.function / jax.jit (trace and compilation "
+        "included; on torch the first eager call): the rows' first_call_ms "
+        "and the JSON's first_call_ratios (default 3; 0: none)",
+    )
     parser.add_argument("--warmup", type=int, help="untimed runs first (>= 1)")
     parser.add_argument(
         "--impl",

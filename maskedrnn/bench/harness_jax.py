@@ -1,6 +1,7 @@
 """The JAX harness: `jax.jit` of `layer.stateless_call` (and of
 `jax.value_and_grad` of it); timing waits with `jax.block_until_ready`."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -88,6 +89,18 @@ class Harness:
             return y, [gx] + list(gw)
 
         return lambda: step(x, trainable, kwargs)
+
+    @contextlib.contextmanager
+    def fresh_compilation(self):
+        """Nothing compiled before is reused inside: JAX's in-memory caches
+        (traces, lowerings, executables; keyed by function identity and
+        shapes) are cleared first. A step's own `jax.jit` is new anyway
+        (`keras_step` makes one per call)."""
+        self.jax.clear_caches()
+        yield
+
+    def fresh_description(self):
+        return "new layers and a new jax.jit per call, after jax.clear_caches()"
 
     def block(self, result):
         self.jax.block_until_ready(result)

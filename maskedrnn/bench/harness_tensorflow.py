@@ -5,6 +5,9 @@ outputs, or of the loss and every gradient); reading that scalar with
 `.numpy()` waits for the device, so only 4 bytes cross to the host.
 """
 
+import contextlib
+import sys
+
 import numpy as np
 
 
@@ -77,6 +80,47 @@ class Harness:
                 return (y, grads), token
 
         return lambda: step(x, kwargs)
+
+    def module_functions(self):
+        """`(module, name, function)` of every `tf.function` a maskedrnn
+        module keeps at module level (traced once per input signature and
+        process, not once per step)."""
+        found = []
+        for module_name, module in sorted(sys.modules.items()):
+            if module is None or not module_name.startswith("maskedrnn."):
+                continue
+            for name, value in sorted(vars(module).items()):
+                if isinstance(value, self.tf.types.experimental.PolymorphicFunction):
+                    found.append((module, name, value))
+        return found
+
+    @contextlib.contextmanager
+    def fresh_compilation(self):
+        """Nothing traced before is reused inside: the module-level
+        `tf.function`s of `module_functions` are swapped for new copies
+        (same options) and put back after. A step's own `tf.function` is
+        new anyway (`keras_step` makes one per call)."""
+        swapped = self.module_functions()
+        # New tf.functions of the same Python step, made on purpose: TF's
+        # "triggered tf.function retracing" warning would say otherwise.
+        logger = self.tf.get_logger()
+        level = logger.level
+        logger.setLevel("ERROR")
+        for module, name, function in swapped:
+            # Function._clone: the only way to copy a tf.function with all
+            # of its options (reduce_retracing, input_signature, ...).
+            setattr(module, name, function._clone(None))
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+            for module, name, function in swapped:
+                setattr(module, name, function)
+
+    def fresh_description(self):
+        names = [f"{m.__name__}.{n}" for m, n, _ in self.module_functions()]
+        kept = f" (module-level tf.functions copied anew: {', '.join(names)})"
+        return "new layers and a new tf.function per call" + (kept if names else "")
 
     def block(self, result):
         result[1].numpy()

@@ -3,6 +3,7 @@
 are synchronous). Also builds PyTorch's own `nn.LSTM/GRU(bidirectional=True)`
 with the Keras layer's weights (`torch_packed`, `torch_unpacked`)."""
 
+import contextlib
 
 
 def gpu_available():
@@ -161,6 +162,13 @@ class Harness:
             )
 
         return self._step(forward, list(module.parameters()), mode, x, w)
+
+    def fresh_compilation(self):
+        """Eager: nothing is compiled; new layers and modules suffice."""
+        return contextlib.nullcontext()
+
+    def fresh_description(self):
+        return "new layers (and PyTorch modules) per call, eager"
 
     def block(self, result):
         if self.gpu:

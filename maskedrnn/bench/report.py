@@ -17,10 +17,11 @@ from maskedrnn.bench.config import (
 )
 
 
-def ratios(rows, modes):
+def ratios(rows, modes, key="median_ms"):
     """`{mode: {"ours/baseline": median ratio}}` for every pair timed (ours'
-    forced ways, `--way`, included: `"maskedrnn:WAY/baseline"`)."""
-    median = {(r["impl"], r["mode"]): r["median_ms"] for r in rows}
+    forced ways, `--way`, included: `"maskedrnn:WAY/baseline"`); `key`
+    `"first_call_ms"`: the ratios of the first calls' medians."""
+    median = {(r["impl"], r["mode"]): r[key] for r in rows if key in r}
     forced = [r["impl"] for r in rows if is_ours(r["impl"]) and r["impl"] not in OURS]
     result = {}
     for mode in modes:
@@ -123,9 +124,11 @@ def format_table(results):
         lines.append(f"threads: {c['threads_note']}")
     lines.append("")
     width = max([19] + [len(r["impl"]) for r in results["rows"]])
+    first = any("first_call_ms" in r for r in results["rows"])
     header = (
         f"{'mode':<6} {'implementation':<{width}} {'median ms':>10} {'IQR ms':>15} "
         f"{'ours/this':>9} {'max|d out|':>10} {'max|d grad|':>11}"
+        + (f" {'first call ms':>13}" if first else "")
     )
     lines += [header, "-" * len(header)]
     median = {(r["impl"], r["mode"]): r["median_ms"] for r in results["rows"]}
@@ -138,7 +141,9 @@ def format_table(results):
             f"{r['mode']:<6} {r['impl']:<{width}} {r['median_ms']:>10.2f} "
             f"{r['p25_ms']:>7.2f}-{r['p75_ms']:<7.2f} {ratio:>9} "
             f"{r['max_abs_diff']:>10.1e} "
-            f"{'-' if grad is None else f'{grad:.1e}':>11}{flag}"
+            f"{'-' if grad is None else f'{grad:.1e}':>11}"
+            + (f" {r['first_call_ms']:>13.1f}" if "first_call_ms" in r else "")
+            + flag
         )
     lines.append("")
     lines.append(
@@ -183,6 +188,16 @@ def format_table(results):
         "[low, high]: 95% interval of the ratio from this run's repeats "
         "(paired bootstrap, maskedrnn.bench.report.ratio_interval)."
     )
+    for mode, values in results.get("first_call_ratios", {}).items():
+        if values:
+            parts = [f"{pair} = {value:.2f}" for pair, value in values.items()]
+            lines.append(f"first-call ratios ({mode}): {', '.join(parts)}")
+    if first:
+        lines.append(
+            "first call: median of "
+            f"{results['config'].get('first_call_repeats')} first calls, trace "
+            f"and compilation included ({results['config'].get('first_call_fresh')})."
+        )
     return "\n".join(lines)
 
 
@@ -237,15 +252,19 @@ def markdown_table(results):
 
     One line per implementation and mode: median and IQR in ms, the median
     of `maskedrnn` divided by that row's (below 1: ours is faster), and the
-    largest differences from `keras_masked`. Run
+    largest differences from `keras_masked`, and where the JSON has them
+    the first calls' median (`first_call_ms`, trace and compilation
+    included). Run
     `python -m maskedrnn.bench.report FILE.json` to print it for a JSON file
     written by `--json`.
     """
     median = {(r["impl"], r["mode"]): r["median_ms"] for r in results["rows"]}
+    first = any("first_call_ms" in r for r in results["rows"])
     lines = [
         "| mode | implementation | median ms | IQR ms | maskedrnn ÷ this "
-        "| max abs diff, outputs | max abs diff, gradients |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| max abs diff, outputs | max abs diff, gradients |"
+        + (" first call ms |" if first else ""),
+        "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if first else ""),
     ]
     for r in results["rows"]:
         mode = "fwd+bwd" if r["mode"] == "train" else "fwd"
@@ -257,6 +276,7 @@ def markdown_table(results):
             f"| {mode} | {name} | {r['median_ms']:.1f} | "
             f"{r['p25_ms']:.1f}–{r['p75_ms']:.1f} | {ratio} | "
             f"{r['max_abs_diff']:.1e} | {'–' if grad is None else f'{grad:.1e}'} |"
+            + (f" {r['first_call_ms']:.1f} |" if "first_call_ms" in r else "")
         )
     return "\n".join(lines)
 

@@ -1,6 +1,5 @@
 """Running the benchmark: data, layers, checks, kernel records and timing."""
 
-import math
 import re
 import sys
 import time
@@ -9,9 +8,9 @@ import keras
 import numpy as np
 
 from maskedrnn import backends
-from maskedrnn.bench import config, kernels, report
+from maskedrnn.bench import config, first_call, kernels, report
 from maskedrnn.bench.config import CEILINGS, IMPLS, REFERENCE, TORCH_ONLY
-from maskedrnn.layers import MaskedBidirectional, MaskedRNN
+from maskedrnn.bench.layers import BenchLayers
 
 
 def backend_module(backend):
@@ -71,33 +70,6 @@ class Progress:
 
 def max_abs_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-
-
-def make_cell(cell, units, return_state=False, **kwargs):
-    """The Keras RNN layer of `--cell` (`config.CELLS`), returning sequences."""
-    cls = getattr(keras.layers, config.CELLS[cell]["keras"])
-    return cls(units, return_sequences=True, return_state=return_state, **kwargs)
-
-
-class Stacked(keras.layers.Layer):
-    """`--layers N`: bidirectional layers called one after the other, each
-    with the same call arguments (`mask=` or `lengths=`), as a user stacks
-    them; only the last may return states."""
-
-    def __init__(self, layers, **kwargs):
-        super().__init__(**kwargs)
-        self.stack = list(layers)
-        self.supports_masking = True
-
-    def build(self, input_shape):
-        for layer in self.stack:
-            if not layer.built:
-                layer.build(input_shape)
-
-    def call(self, x, **kwargs):
-        for layer in self.stack:
-            x = layer(x, **kwargs)
-        return x
 
 
 def states_into_sequence(sequence, *states, directions=2):
@@ -196,6 +168,11 @@ def _checked_run(args, backend, module, gpu):
     slow_repeats = getattr(args, "slow_repeats", None)
     if slow_repeats is not None and slow_repeats < 1:
         raise SystemExit(f"--slow-repeats must be >= 1; got {slow_repeats}.")
+    if getattr(args, "first_call_repeats", 0) < 0:
+        raise SystemExit(
+            f"--first-call-repeats must be >= 0 (0: no first calls); got "
+            f"{args.first_call_repeats}."
+        )
     ours = [n for n in impls if n in config.OURS]
     for way in getattr(args, "ways", None) or ():
         impls += [f"{n}{config.WAY_SEPARATOR}{way}" for n in ours]
@@ -227,60 +204,31 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
         lengths_t = harness.tensor(lengths)
         n = settings["layers"]
 
-        def stack(wrapper):
-            layers = []
-            for i in range(n):
-                states = args.return_state and i == n - 1
-                if directions == 2:
-                    layer = wrapper(make_cell(args.cell, u, states))
-                else:
-                    # Zeros at padded steps, as PyTorch's packed output.
-                    layer = wrapper(
-                        make_cell(args.cell, u, states, zero_output_for_mask=True)
-                    )
-                layer.build((None, None, d if i == 0 else directions * u))
-                layers.append(layer)
-            return layers
-
-        if directions == 2:
-            keras_layers = stack(keras.layers.Bidirectional)
-            ours_layers = stack(MaskedBidirectional)
-        else:
-            keras_layers = stack(lambda inner: inner)
-            ours_layers = stack(MaskedRNN)
-        ours_timed, keras_timed = ours_layers[0], keras_layers[0]
-        if n > 1:
-            ours_timed = Stacked(ours_layers, name="ours_stacked")
-            keras_timed = Stacked(keras_layers, name="keras_stacked")
-            ours_timed.build((None, None, d))
-            keras_timed.build((None, None, d))
+        layers = BenchLayers(args.cell, kind, u, d, n, args.return_state, rng=rng)
         with_states = None
         if args.return_state:
 
             def with_states(outputs):
                 return states_into_sequence(*outputs, directions=directions)
 
-        # Weights from --seed, the same on every backend, different in each
-        # direction, uniform in +-1/sqrt(units) (PyTorch's RNN init).
-        bound = 1 / math.sqrt(u)
-        for keras_layer, ours in zip(keras_layers, ours_layers):
-            weights = [
-                rng.uniform(-bound, bound, tuple(v.shape)).astype("float32")
-                for v in keras_layer.weights
-            ]
-            keras_layer.set_weights(weights)
-            ours.set_weights(weights)
-
-        def make_step(name, mode):
+        def make_step(name, mode, fresh=False):
+            """The step of `name` in `mode`; `fresh`: on new layers (and,
+            on torch, a new PyTorch module) with the same weights."""
             base, way = config.split_impl(name)
             if way is not None:
-                step = make_step(base, mode)
+                step = make_step(base, mode, fresh)
 
                 def forced_step():
                     with backends.force(way):
                         return step()
 
                 return forced_step
+            built = layers
+            if fresh:
+                built = BenchLayers(
+                    args.cell, kind, u, d, n, args.return_state, layers.weights
+                )
+            ours_timed, keras_timed = built.ours_timed, built.keras_timed
             if name == "maskedrnn":
                 return harness.keras_step(
                     ours_timed, mode, x, w, {"mask": mask}, with_states
@@ -295,7 +243,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             if name == "keras_unmasked":
                 return harness.keras_step(keras_timed, mode, x, w, {}, with_states)
             torch_module = harness.torch_module(
-                args.cell, keras_layers, u, bidirectional=directions == 2
+                args.cell, built.keras_layers, u, bidirectional=directions == 2
             )
             packed = name == "torch_packed"
             return harness.torch_step(
@@ -345,11 +293,15 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "profile": bool(getattr(args, "profile", False)),
             "ways": list(getattr(args, "ways", None) or ()),
             "slow_repeats": getattr(args, "slow_repeats", None),
+            "first_call_repeats": getattr(args, "first_call_repeats", 0) or 0,
+            "first_call_fresh": harness.fresh_description(),
         },
         "environment": report.environment(backend, harness),
         "rows": rows,
         "ratios": report.ratios(rows, modes),
     }
+    if any("first_call_ms" in row for row in rows):
+        results["first_call_ratios"] = report.ratios(rows, modes, "first_call_ms")
     if declined:
         results["declined"] = declined
     return results
@@ -437,9 +389,10 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
     ref_needed = [(REFERENCE, m) for m in modes if (REFERENCE, m) not in cases]
     torch_ref = "torch_packed" in impls
     profile = bool(getattr(args, "profile", False))
+    first_repeats = getattr(args, "first_call_repeats", 0) or 0
     progress = Progress(
         len(ref_needed)
-        + sum(warmups(name) + cap(name) + profile for name, _ in cases),
+        + sum(warmups(name) + cap(name) + profile + first_repeats for name, _ in cases),
         not args.no_progress,
     )
 
@@ -503,6 +456,17 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
         for name, mode in cases:
             profiles[name, mode] = _profile(harness, steps[name, mode])
             progress.step(f"profile {mode} {name}")
+    # First calls of fresh steps last (see maskedrnn.bench.first_call), in
+    # their own random orders: on JAX they clear the caches of the warm
+    # steps, which the profiles run again.
+    first = {}
+    if first_repeats:
+        orders = case_orders(
+            len(cases), first_repeats, getattr(args, "order_seed", 0) + 1
+        )
+        first = first_call.measure(
+            harness, cases, make_step, orders, checks, _to_numpy, progress
+        )
     progress.close()
 
     rows = []
@@ -543,4 +507,5 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
                     grads[0], packed_ref[mode][1][0]
                 )
         rows.append(row)
+    first_call.add_to_rows(rows, first)
     return rows
