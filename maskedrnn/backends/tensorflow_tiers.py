@@ -151,6 +151,4 @@ def stacked(array, steps, rows, units, dtype):
     """`array.stack()` of a `tf.TensorArray` of `steps` `(rows, units)`
     elements; an empty one of unknown row count does not stack, and gives
     `(0, rows, units)` zeros."""
-    return tf.cond(
-        steps > 0, array.stack, lambda: tf.zeros((0, rows, units), dtype)
-    )
+    return tf.cond(steps > 0, array.stack, lambda: tf.zeros((0, rows, units), dtype))
