@@ -235,18 +235,21 @@ def _gru_forward(xp, h0, u, bh, reset_after, units):
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
 
     def step(h, inputs):
-        x_zr, x_h = tf.split(inputs[0], [2 * units, units], axis=1)
+        x_zr, x_h = inputs
         if reset_after:
-            hp_zr, hp_h = tf.split(tf.matmul(h, u) + bh, [2 * units, units], axis=1)
+            hp = tf.nn.bias_add(tf.matmul(h, u), bh)
+            hp_zr, hp_h = tf.split(hp, [2 * units, units], axis=1)
             z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=1)
             hh = tf.tanh(x_h + r * hp_h)
         else:
             z, r = tf.split(tf.sigmoid(x_zr + tf.matmul(h, u_zr)), 2, axis=1)
             hh = tf.tanh(x_h + tf.matmul(r * h, u_h))
-        h = z * h + (1 - z) * hh
+        # z * h + (1 - z) * hh, in one op fewer.
+        h = hh + z * (h - hh)
         return h, [h]
 
-    return _scan(step, h0, [xp], [units])[1][0]
+    x_zr_h = tf.split(xp, [2 * units, units], axis=2)
+    return _scan(step, h0, x_zr_h, [units])[1][0]
 
 
 def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
