@@ -277,13 +277,15 @@ def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
         c_rec = tf.concat([c_z, c_r, c_h * r], axis=2)
         u_t = tf.transpose(u)
 
-        def step(dh, inputs):
+        def step_after(dh, inputs):
             dh_t, z_t, c_t = inputs
             g = dh_t + dh
             d_rec = tf.concat([g, g, g], axis=1) * c_t
             return g * z_t + tf.matmul(d_rec, u_t), [g]
 
-        dh0, (g,) = _scan(step, tf.zeros_like(h0), [dhs, z, c_rec], [units], True)
+        dh0, (g,) = _scan(
+            step_after, tf.zeros_like(h0), [dhs, z, c_rec], [units], True
+        )
         g3 = tf.concat([g, g, g], axis=2)
         d_rec = g3 * c_rec
         d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
@@ -335,9 +337,10 @@ def _rnn_backward(xp, h0, u, hs, dhs, units):
     return d, dh0, tf.cast(_sum_matmul(h_prev, d), dtype)
 
 
-# Eagerly, the step loops run as graphs (a Python loop of ops otherwise).
+# Eagerly, the step loops run as graphs (a Python loop of ops otherwise);
+# they are written with tf.while_loop and tf.cond, so autograph is off.
 _GRAPHS = {
-    f: tf.function(f, reduce_retracing=True)
+    f: tf.function(f, reduce_retracing=True, autograph=False)
     for f in (_gru_forward, _gru_backward, _rnn_forward, _rnn_backward)
 }
 
