@@ -42,6 +42,9 @@ from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-block-lstm"
 DTYPES = ("float32", "float16")
+# The fewest rows of a tier: each tier is one BlockLSTMV2 op, whose cost is
+# its rows times its steps.
+TIER_ROWS = 8
 
 _NOT_LSTM = Why(
     lambda: "BlockLSTMV2 computes keras.layers.LSTM only (this layer is "
@@ -360,7 +363,12 @@ def run(inner, x, initial_state, steps, want_states):
         return [h_k, cs_k]
 
     y, others = tiers.run_tiers(
-        x, [h0, c0], lengths, segment, tiers.tier_count(x.shape[0]), want_states
+        x,
+        [h0, c0],
+        lengths,
+        segment,
+        tiers.tier_count(x.shape[0], TIER_ROWS),
+        want_states,
     )
     if not want_states:
         return y, None

@@ -40,6 +40,10 @@ from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-tiers"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+# The fewest rows of a tier: each tier is one more step loop, whose steps
+# cost their ops' dispatch about as much as their arithmetic at small sizes,
+# and one more loop to trace.
+TIER_ROWS = 32
 
 _NOT_CELL = Why(
     "the tiers compute keras.layers.GRU and keras.layers.SimpleRNN only "
@@ -436,7 +440,7 @@ def run(inner, x, initial_state, steps, want_states):
         [h0],
         tf.cast(steps.lengths, "int32"),
         _segment(cell, dtype),
-        tiers.tier_count(x.shape[0]),
+        tiers.tier_count(x.shape[0], TIER_ROWS),
         want_states=False,
     )
     if not want_states:

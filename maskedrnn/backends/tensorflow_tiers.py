@@ -9,26 +9,28 @@ padded steps are computed. The cells differ only in the `segment` function
 that runs one tier's steps (and its gradient).
 
 The tier count is chosen from what is known at trace time (`tier_count`),
-one rule for every cell: each tier is one more recurrence to trace and
-optimise, so a batch of unknown size gets few of them.
+one rule for every cell: tiers of at least a cell's `rows_per_tier` rows
+(what a tier must hold to pay for what it adds: one more fused op for the
+LSTM, one more step loop to trace and run for the GRU and SimpleRNN), a
+batch of unknown size taken as `ASSUMED_BATCH` rows.
 """
 
 import tensorflow as tf
 
 # Tier k holds the longest rows and runs only until the longest row of the
-# tiers after it ends.
-TIER_ROWS = 8
+# tiers after it ends. Each tier is one more recurrence to trace and
+# optimise: a batch of unknown size gets the tiers of Keras' default batch.
 MAX_TIERS = 8
-UNKNOWN_BATCH_TIERS = 4
+ASSUMED_BATCH = 32
 
 
-def tier_count(batch):
-    """Tiers of at least `TIER_ROWS` rows, at most `MAX_TIERS`, for a batch
-    of static size `batch`; a batch of unknown size (traced with a `None`
-    batch dimension) gets `UNKNOWN_BATCH_TIERS`."""
+def tier_count(batch, rows_per_tier):
+    """Tiers of at least `rows_per_tier` rows, at most `MAX_TIERS`, for a
+    batch of static size `batch`; a batch of unknown size (traced with a
+    `None` batch dimension) counts as `ASSUMED_BATCH` rows."""
     if batch is None:
-        return UNKNOWN_BATCH_TIERS
-    return max(1, min(MAX_TIERS, batch // TIER_ROWS))
+        batch = ASSUMED_BATCH
+    return max(1, min(MAX_TIERS, batch // rows_per_tier))
 
 
 def run_tiers(x, states, lengths, segment, tiers, want_states):
