@@ -102,7 +102,7 @@ def outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
     return to_np(outs), [to_np(g) for g in grads]
 
 
-def assert_matches(ours, ref, x, atol=1e-5, **kw):
+def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
     got, got_grads = outputs_and_grads(ours, x, **kw)
     want, want_grads = outputs_and_grads(ref, x, **kw)
     assert len(got) == len(want) and len(got_grads) == len(want_grads)
@@ -112,7 +112,7 @@ def assert_matches(ours, ref, x, atol=1e-5, **kw):
     for i, (a, e) in enumerate(zip(got_grads, want_grads)):
         assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
         np.testing.assert_allclose(
-            a, e, atol=10 * atol, rtol=1e-4, err_msg=f"gradient {i}"
+            a, e, atol=10 * atol, rtol=grad_rtol, err_msg=f"gradient {i}"
         )
 
 
@@ -203,7 +203,11 @@ def test_mixed_precision_matches_keras(cell):
         ours, ref = pair(cell, "rnn")
         x = inputs(7, batch=32)
         with backends.record() as plans:
-            assert_matches(ours, ref, x, atol=5e-3, mask=tier_mask(32, T, seed=4))
+            # Keras adds the steps' weight gradients one by one in float16,
+            # ours sums them at once: they differ by float16's rounding.
+            assert_matches(
+                ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=tier_mask(32, T, seed=4)
+            )
         assert ours.layer.cell.compute_dtype == "float16"
         assert ours.layer.cell.kernel.dtype == "float32"
     finally:
