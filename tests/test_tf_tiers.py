@@ -328,6 +328,9 @@ def test_declined_cases_raise_when_forced(cell):
         (keras.layers.LSTM(U), "GRU and keras.layers.SimpleRNN only"),
         (keras.layers.RNN(keras.layers.GRUCell(U)), "SimpleRNN only"),
     ]
+    layers.append(
+        (inner(cell, dtype="mixed_bfloat16"), "bfloat16; the tiers compute float16")
+    )
     for layer_inner, reason in layers:
         with backends.force(WAY):
             with pytest.raises(backends.Declined, match=reason):

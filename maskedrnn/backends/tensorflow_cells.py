@@ -23,9 +23,9 @@ float32 when computing in float16).
 
 It runs only where those equations are the layer's (`why_not`): a
 `keras.layers.GRU` with `tanh` / `sigmoid` activations or a
-`keras.layers.SimpleRNN` with `tanh`, no recurrent dropout, a float compute
-dtype, no visible GPU (Keras' GRU runs cuDNN there), outside XLA (the tiers'
-sizes are known only when the batch runs), outside
+`keras.layers.SimpleRNN` with `tanh`, no recurrent dropout, computing in
+float16, float32 or float64, no visible GPU (Keras' GRU runs cuDNN there),
+outside XLA (the tiers' sizes are known only when the batch runs), outside
 `maskedrnn.backends.portable()` and Keras' exporter (`model.export`), as
 the LSTM's tiers.
 """
@@ -34,12 +34,13 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from maskedrnn import backends
 from maskedrnn.backends import Why, soft
 from maskedrnn.backends import tensorflow_block_lstm as block_lstm
 from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-tiers"
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = ("float16", "float32", "float64")
 # The fewest rows of a tier: each tier is one more step loop, whose steps
 # cost their ops' dispatch about as much as their arithmetic at small sizes,
 # and one more loop to trace.
@@ -80,7 +81,10 @@ _GPU = soft(
 
 
 def _dtype_why(dtype):
-    return Why(lambda: f"the layer computes in {dtype}, not a float dtype")
+    return Why(
+        lambda: f"the layer computes in {dtype}; the tiers compute float16, "
+        "float32 and float64"
+    )
 
 
 def why_not(inner, has_fused_rnn_kernel):
@@ -108,8 +112,6 @@ def why_not(inner, has_fused_rnn_kernel):
     dtype = keras.backend.standardize_dtype(cell.compute_dtype)
     if dtype not in DTYPES:
         return _dtype_why(dtype)
-    from maskedrnn import backends
-
     if backends.portable_only():
         return _PORTABLE
     if block_lstm.traced_for_keras_export():
