@@ -33,8 +33,9 @@ With a mask, `backend.lstm`/`gru` decline on torch and JAX whatever the
 device (TensorFlow's cuDNN path accepts right-padded masks only).
 
 On a TensorFlow CPU an LSTM runs TensorFlow's fused `BlockLSTMV2` by
-default (`maskedrnn.backends.tensorflow_block_lstm`): no Keras RNN function
-runs at all, and a spy on that runner sees both inner layers.
+default (`maskedrnn.backends.tensorflow_block_lstm`), and a GRU Keras'
+equations in length tiers (`maskedrnn.backends.tensorflow_cells`): no Keras
+RNN function runs at all, and a spy on that runner sees both inner layers.
 
 On a JAX CPU ours runs Keras' masked loop by default (JAX has no fused
 kernel there, `maskedrnn.backends.jax.cpu_why`, specified in
@@ -108,12 +109,15 @@ def default_kernels(cell=None):
     """What ours runs here by default for `cell` ("lstm" or "gru"):
     "native" (PyTorch's kernels, torch on CPU), "masked_loop" (Keras'
     masked loop, a JAX CPU), "block_lstm" (TensorFlow's `BlockLSTMV2`, an
-    LSTM on a TensorFlow CPU) or "keras_layers" (Keras' unmasked inner
-    layers)."""
+    LSTM on a TensorFlow CPU), "tiers" (the length tiers of
+    `maskedrnn.backends.tensorflow_cells`, a GRU on a TensorFlow CPU) or
+    "keras_layers" (Keras' unmasked inner layers)."""
     if native_kernels_here():
         return "native"
     if BACKEND == "tensorflow" and cell == "lstm" and not _gpu_here():
         return "block_lstm"
+    if BACKEND == "tensorflow" and cell == "gru" and not _gpu_here():
+        return "tiers"
     if BACKEND == "jax" and not _gpu_here():
         return "masked_loop"
     return "keras_layers"
@@ -190,6 +194,9 @@ def spies(monkeypatch):
         from maskedrnn.backends import tensorflow_block_lstm
 
         spies["block"] = Spy(monkeypatch, "run", tensorflow_block_lstm)
+        from maskedrnn.backends import tensorflow_cells
+
+        spies["tiers"] = Spy(monkeypatch, "run", tensorflow_cells)
     return spies
 
 
@@ -236,12 +243,15 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     With `kernels="native"`: PyTorch's kernel computes both directions (one
     `run_native` or `run_direction` per direction and call) and no
     Keras RNN function runs at all; the same with `kernels="block_lstm"`
-    (one `BlockLSTMV2` run per direction and call). With
+    (one `BlockLSTMV2` run per direction and call) and `kernels="tiers"`
+    (one run of the GRU's length tiers per direction and call). With
     `kernels="masked_loop"`: Keras' masked loop runs both directions, each
     handed a mask."""
     inner = (ours.forward_layer, ours.backward_layer)
     if "block" in spies and kernels != "block_lstm":
         assert spies["block"].calls == []
+    if "tiers" in spies and kernels != "tiers":
+        assert spies["tiers"].calls == []
     if kernels == "masked_loop":
         assert spies["rnn"].masks() and all(
             m is not None for m in spies["rnn"].masks()
@@ -253,8 +263,8 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
             id(layer.cell.kernel) for layer in inner
         }
         return
-    if kernels in ("native", "block_lstm"):
-        native = spies["native" if kernels == "native" else "block"]
+    if kernels in ("native", "block_lstm", "tiers"):
+        native = spies[{"block_lstm": "block"}.get(kernels, kernels)]
         assert native.calls, f"{kernels} kernels were never called"
         assert len(native.calls) % 2 == 0
         kernels_seen = {id(c["kernel"]) for c in native.calls}

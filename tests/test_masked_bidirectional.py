@@ -553,8 +553,9 @@ def test_kernel_info_promises_no_fused_simple_rnn_kernel():
     layer = MaskedBidirectional(keras.layers.SimpleRNN(U))
     layer.build((None, None, D))
     # Keras' unmasked SimpleRNN's sentence (forced on JAX, whose CPU default
-    # is Keras' masked loop, tests/test_kernels.py).
-    way = "keras-unmasked" if keras.backend.backend() == "jax" else None
+    # is Keras' masked loop, tests/test_kernels.py, and on TensorFlow, whose
+    # CPU default is the length tiers, tests/test_tf_tiers.py).
+    way = "keras-unmasked" if keras.backend.backend() != "torch" else None
     with backends.force(way):
         info = layer.kernel_info()
     for sentence in info.values():

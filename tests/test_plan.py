@@ -78,6 +78,16 @@ def _spy_block_lstm(monkeypatch):
     return record_calls(monkeypatch, tensorflow_block_lstm, "run")
 
 
+def _spy_tiers(monkeypatch):
+    """Inner layers run in TensorFlow's GRU / SimpleRNN length tiers
+    (tensorflow only)."""
+    if BACKEND != "tensorflow":
+        return []
+    from maskedrnn.backends import tensorflow_cells
+
+    return record_calls(monkeypatch, tensorflow_cells, "run")
+
+
 @pytest.mark.parametrize("wrapper", ["rnn", "bidirectional"])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("return_state", [False, True])
@@ -95,6 +105,7 @@ def test_kernel_info_says_what_ran(
     native = _spy_native(monkeypatch)
     fused = _spy_fused(monkeypatch)
     block = _spy_block_lstm(monkeypatch)
+    tiers = _spy_tiers(monkeypatch)
     x, mask = _inputs()
     assert_close(ours(x, mask=mask), ref(x, mask=mask))
     info = ours.kernel_info()
@@ -113,14 +124,17 @@ def test_kernel_info_says_what_ran(
     elif all("TensorFlow's fused LSTM kernel" in s for s in sentences):
         assert seen == [] and native == [] and block == _inners(ours)
         assert ours.uses_fast_path
+    elif all("equations in length tiers" in s for s in sentences):
+        assert seen == [] and native == [] and tiers == _inners(ours)
+        assert block == [] and ours.uses_fast_path
     elif all("masked step loop" in s for s in sentences):
-        assert native == [] and fused == [] and block == []
+        assert native == [] and fused == [] and block == [] and tiers == []
         assert len(seen) == len(sentences)
         assert all(m is not None for m in seen)
         assert not ours.uses_fast_path
     else:
         assert all("unmasked" in s for s in sentences), sentences
-        assert native == [] and fused == [] and block == []
+        assert native == [] and fused == [] and block == [] and tiers == []
         assert seen == [None] * len(sentences)
         assert ours.uses_fast_path
     if way != "default":
@@ -304,7 +318,8 @@ def test_record_collects_the_plan_each_call_ran(way):
     """`record()` holds one plan per call, in order, nested blocks each
     their own; each plan is the one that ran: Keras' masked loop (the
     `"keras-masked"` way of every direction) exactly when the inner layers
-    were handed a mask (spied; PyTorch's ways call no Keras layer), and its
+    were handed a mask (spied; PyTorch's ways and the GRU's length tiers
+    call no Keras layer), and its
     sentences those of `kernel_info()`. Calls outside are not recorded."""
     layer = MaskedBidirectional(keras.layers.GRU(U, return_sequences=True))
     seen = spy_masks(_inners(layer))
@@ -321,8 +336,8 @@ def test_record_collects_the_plan_each_call_ran(way):
     assert len(outer) == 2 and len(inner) == 1 and inner[0] is outer[1]
     for plan, masks in zip(outer, handed):
         ways = [d.way for d in plan.directions]
-        if all(w.startswith("torch") for w in ways):
-            assert masks == []
+        if all(w.startswith("torch") or w == "tf-tiers" for w in ways):
+            assert masks == []  # no Keras layer called
         else:
             assert masks == [w == "keras-masked" for w in ways]
         assert (plan.route == "masked_loop") == all(w == "keras-masked" for w in ways)

@@ -390,10 +390,10 @@ def test_tiers_with_steps_to_skip_or_none(lengths, monkeypatch):
 
 
 def test_tiers_with_an_unknown_batch_size():
-    """Traced with a `None` batch dimension the batch runs in
-    `UNKNOWN_BATCH_TIERS` tiers, some of them empty for a small batch (an
-    empty batch too: empty outputs, zero gradients). One trace serves every
-    batch."""
+    """Traced with a `None` batch dimension the batch runs in the tiers of
+    `tensorflow_tiers.ASSUMED_BATCH` rows, some of them empty for a small
+    batch (an empty batch too: empty outputs, zero gradients). One trace
+    serves every batch."""
     ours, ref = pair("bidirectional")
     time = 6
 

@@ -47,6 +47,9 @@ The ways, by name (`WAYS`):
   (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
   final states read from its per-step outputs (TensorFlow, an LSTM with
   Keras' default activations, float32 or float16, no XLA);
+- `"tf-tiers"`: Keras' GRU or SimpleRNN equations over valid-first data in
+  length tiers, rows leaving once their group has ended
+  (TensorFlow, default activations, no XLA);
 - `"keras-unmasked"`: the Keras inner layer called with no mask on
   valid-first data, so its backend may pick a fused kernel (cuDNN);
 - `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
@@ -111,6 +114,7 @@ WAYS = (
     "torch-fused",
     "jax-fused",
     "tf-block-lstm",
+    "tf-tiers",
     "keras-unmasked",
     "keras-masked",
 )

@@ -1,4 +1,4 @@
-"""The TensorFlow backend: TensorFlow's fused CPU LSTM kernel, else Keras' layers.
+"""The TensorFlow backend: length tiers on a CPU, else Keras' layers.
 
 TensorFlow's fused RNN kernels for Keras' layers are cuDNN's, reached by
 Keras' unmasked `LSTM`/`GRU` on a GPU. Without one Keras runs its generic
@@ -9,7 +9,11 @@ step loop, masked or not, at nearly the same cost. So:
   kernel, wherever its equations are the layer's and no cuDNN kernel may
   run: one op per direction, and the exact final `[h, c]` read from its
   per-step outputs;
-- where it does not run (XLA, float64, other activations, `portable()`),
+- a GRU or SimpleRNN runs Keras' equations in the same length tiers
+  (`"tf-tiers"`, `maskedrnn.backends.tensorflow_cells`), with a gradient of
+  its own, where no cuDNN kernel may run;
+- where they do not run (XLA, other activations, `portable()`, float64 for
+  an LSTM),
   an LSTM whose final states are wanted runs Keras' masked loop where no
   fused LSTM kernel exists (`keras_ways.states_why`): that loop carries the
   exact `[h, c]` to each row's last valid step, where running unmasked
@@ -23,9 +27,10 @@ from keras import ops
 
 from maskedrnn.backends import keras_ways
 from maskedrnn.backends import tensorflow_block_lstm as block_lstm
+from maskedrnn.backends import tensorflow_cells as cells
 
 NAME = "tensorflow"
-WAYS = (block_lstm.WAY, "keras-unmasked", "keras-masked")
+WAYS = (block_lstm.WAY, cells.WAY, "keras-unmasked", "keras-masked")
 
 layout = run_direction = keras_ways.no_caller_order_kernel
 scalar = keras_ways.scalar
@@ -75,10 +80,11 @@ def has_fused_rnn_kernel():
 
 def options(inner, where, want_states):
     """`[(way, why)]`, best first: `BlockLSTMV2` for an LSTM it computes,
-    Keras' unmasked layer, else its masked loop (see the module
-    docstring)."""
+    the tiers for a GRU or SimpleRNN they compute, Keras' unmasked layer,
+    else its masked loop (see the module docstring)."""
     return [
-        (block_lstm.WAY, block_lstm.why_not(inner, has_fused_rnn_kernel))
+        (block_lstm.WAY, block_lstm.why_not(inner, has_fused_rnn_kernel)),
+        (cells.WAY, cells.why_not(inner, has_fused_rnn_kernel)),
     ] + keras_ways.options(
         inner,
         unmasked_soft=keras_ways.states_why(inner, want_states, has_fused_rnn_kernel),
@@ -89,10 +95,15 @@ def describe(way, inner, want_states, options):
     """The `kernel_info()` sentence for `way`."""
     if way == block_lstm.WAY:
         return block_lstm.describe(inner)
+    if way == cells.WAY:
+        return cells.describe(inner)
     text = keras_ways.describe(way, inner, options)
     why = dict(options).get(block_lstm.WAY)
     if isinstance(inner, keras.layers.LSTM) and why is not None:
         text = f"{text} (tf.raw_ops.BlockLSTMV2 does not run: {why})"
+    why = dict(options).get(cells.WAY)
+    if isinstance(inner, (keras.layers.GRU, keras.layers.SimpleRNN)) and why:
+        text = f"{text} (the length tiers do not run: {why})"
     return text
 
 
@@ -100,4 +111,6 @@ def run(way, inner, x, initial_state, training, steps, want_states):
     """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
     if way == block_lstm.WAY:
         return block_lstm.run(inner, x, initial_state, steps, want_states)
+    if way == cells.WAY:
+        return cells.run(inner, x, initial_state, steps, want_states)
     return keras_ways.run(way, inner, x, initial_state, training, steps)

@@ -11,8 +11,9 @@ row of valid-first data is one gather at step `lengths - 1`: exact, with no
 masked loop and no recomputation of `c`.
 
 The op runs every row to the same step, so the rows, sorted by length, run
-in tiers (`_run_tiers`): a group of rows leaves the computation once its
-longest row has ended, and few padded steps are computed. Its gradient
+in tiers (`maskedrnn.backends.tensorflow_tiers`): a group of rows leaves
+the computation once its longest row has ended, and few padded steps are
+computed. Its gradient
 (`_backward`) steps back with the per-step gate gradients of
 `LSTMBlockCellGrad` and computes the gradients of the inputs and weights in
 one matmul each.
@@ -37,9 +38,13 @@ from tensorflow.python.ops import control_flow_util
 
 from maskedrnn import backends
 from maskedrnn.backends import Why, soft
+from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-block-lstm"
 DTYPES = ("float32", "float16")
+# The fewest rows of a tier: each tier is one BlockLSTMV2 op, whose cost is
+# its rows times its steps.
+TIER_ROWS = 8
 
 _NOT_LSTM = Why(
     lambda: "BlockLSTMV2 computes keras.layers.LSTM only (this layer is "
@@ -153,7 +158,19 @@ def describe(inner):
     )
 
 
-def block_lstm(x, h0, c0, weights, bias):
+def constants(weights):
+    """What every tier of a direction shares, built once per direction:
+    `(w_h, w_h_icfo, no_peephole)`, the recurrent weights, their transpose
+    in `LSTMBlockCellGrad`'s gate order (i, c, f, o) for the gradient's
+    recurrent matmul, and the zero peephole weights."""
+    units = weights.shape[1] // 4
+    w_h = weights[weights.shape[0] - units :]
+    w_i, w_f, w_c, w_o = tf.split(w_h, 4, axis=1)
+    w_h_icfo = tf.transpose(tf.concat([w_i, w_c, w_f, w_o], axis=1))
+    return w_h, w_h_icfo, tf.zeros((units,), weights.dtype)
+
+
+def block_lstm(x, h0, c0, weights, bias, shared=None):
     """`BlockLSTMV2` over every step of time-major `x`, with its gradient.
 
     TensorFlow registers the gradient of `BlockLSTM` (`BlockLSTMGrad`, whose
@@ -170,15 +187,19 @@ def block_lstm(x, h0, c0, weights, bias):
         weights: `(features + units, 4 * units)`, `concat([kernel,
             recurrent_kernel])`, gates in Keras' order (i, f, c, o).
         bias: `(4 * units,)`.
+        shared: `constants(weights)`, built once for all the calls of a
+            direction; None builds them here.
 
     Returns:
         `(cs, h)`: the cell states and outputs of every step, each
         `(time, batch, units)`.
     """
+    if shared is None:
+        shared = constants(weights)
 
     @tf.custom_gradient
     def fused(x, h0, c0, weights, bias):
-        no_peephole = tf.zeros(tf.shape(h0)[1:], x.dtype)
+        no_peephole = shared[2]
         gates = tf.raw_ops.BlockLSTMV2(
             seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
             x=x,
@@ -201,36 +222,36 @@ def block_lstm(x, h0, c0, weights, bias):
         def grad(cs_grad, h_grad):
             # Eagerly, the step loop runs as a graph (`_backward_graph`).
             backward = _backward_graph if tf.executing_eagerly() else _backward
-            return backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes)
+            return backward(
+                x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes
+            )
 
         return (cs, h), grad
 
     return fused(x, h0, c0, weights, bias)
 
 
-def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes):
+def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
 
     `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
     `cs_grad`, `h_grad` the incoming gradients of `cs` and `h` (None when
-    one is not used); `sizes` the ints `(features, units)`.
-    `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`, which orders its gates i, c,
-    f, o) gives one step's gate gradients and the cell state's gradient to
-    the step before.
+    one is not used); `shared` the direction's `constants`; `sizes` the
+    ints `(features, units)`. `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`,
+    which orders its gates i, c, f, o) gives one step's gate gradients and
+    the cell state's gradient to the step before.
     """
     i, cs, f, o, ci, co, h = gates
     dtype = x.dtype
     features, units = sizes
     steps = tf.shape(x)[0]
-    w_x, w_h = weights[:features], weights[features:]
-    w_i, w_f, w_c, w_o = tf.split(w_h, 4, axis=1)
-    # The recurrent matmul of the gate gradients in LSTMBlockCellGrad's order.
-    w_h_icfo = tf.transpose(tf.concat([w_i, w_c, w_f, w_o], axis=1))
+    rows = tf.shape(h0)[0]
+    w_x = weights[:features]
+    w_h, w_h_icfo, no_peephole = shared
     cs_prev = tf.concat([c0[None], cs], axis=0)[:-1]
     h_prev = tf.concat([h0[None], h], axis=0)[:-1]
-    no_peephole = tf.zeros((units,), dtype)
     # The op only checks the shapes of x, w and b: no inputs, w = w_h.
-    no_x = tf.zeros((tf.shape(h0)[0], 0), dtype)
+    no_x = tf.zeros((rows, 0), dtype)
     zero_bias = tf.zeros((4 * units,), dtype)
     if cs_grad is None:
         cs_grad = tf.zeros_like(cs)
@@ -268,12 +289,7 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes):
         step,
         (steps - 1, tf.zeros_like(h0), tf.zeros_like(c0), gate_grads),
     )
-    # An empty TensorArray of unknown batch size does not stack.
-    gate_grads = tf.cond(
-        steps > 0,
-        gate_grads.stack,
-        lambda: tf.zeros((0, tf.shape(h0)[0], 4 * units), dtype),
-    )
+    gate_grads = tiers.stacked(gate_grads, steps, rows, 4 * units, dtype)
     d_i, d_c, d_f, d_o = tf.split(gate_grads, 4, axis=2)
     # All steps at once, in Keras' gate order; sums over the steps in
     # float32 (float16 when computing in float16 would lose the small ones).
@@ -301,120 +317,11 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, sizes):
 _backward_graph = tf.function(_backward, reduce_retracing=True)
 
 
-# Rows sorted by length run in tiers (`_tier_count`): tier k holds the
-# longest rows and runs only until the longest row of the tiers after it
-# ends, so most of the padded steps are never computed.
-TIER_ROWS = 8
-MAX_TIERS = 8
-UNKNOWN_BATCH_TIERS = 4
-
-
-def _tier_count(batch):
-    """Tiers of at least `TIER_ROWS` rows, at most `MAX_TIERS`; a batch of
-    unknown size (traced with a `None` batch dimension) gets
-    `UNKNOWN_BATCH_TIERS`."""
-    if batch is None:
-        return UNKNOWN_BATCH_TIERS
-    return max(1, min(MAX_TIERS, batch // TIER_ROWS))
-
-
-def _run_tiers(x, h0, c0, lengths, weights, bias, tiers, want_states):
-    """`block_lstm` over batch-major valid-first `x`, rows sorted by
-    length and split in `tiers` groups: with rows `[0, m_k)` of the sorted
-    batch, tier k runs from where tier k - 1 stopped until the longest row
-    outside it ends (the longest row of all for the last tier), carrying
-    its rows' `[h, c]` on. Steps past a row's length compute values the
-    caller ignores, steps past the longest row output zeros.
-
-    Returns `(h, c)` in the order of `x`'s rows: `h` the outputs `(batch,
-    time, units)`, `c` each row's cell state after its last valid step
-    `(batch, units)` (any value for an empty row), None unless
-    `want_states`.
-    """
-    batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
-    time = tf.shape(x)[1]
-    if tiers == 1:
-        order = None
-    else:
-        order = tf.argsort(lengths, direction="DESCENDING", stable=True)
-        inverse = tf.math.invert_permutation(order)
-        x, h0, c0 = (_permute_rows(a, order, inverse) for a in (x, h0, c0))
-        lengths = tf.gather(lengths, order)
-    # Tier k ends where the longest row of those after it ends: a trailing
-    # 0 for the last tier, which holds every row.
-    rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    with_zero = tf.concat([lengths, [0]], axis=0)
-    ends = tf.stack([tf.reduce_max(with_zero[rows[k + 1] :]) for k in range(tiers)])
-    starts = tf.concat([[0], ends[:-1]], axis=0)
-    sizes = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
-    segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
-    h, c = h0, c0
-    hs, css = [], []
-    for k in range(tiers):
-        x_k = segments[k]
-        if k:
-            h = tf.split(h, [rows[k], rows[k - 1] - rows[k]])[0]
-            c = tf.split(c, [rows[k], rows[k - 1] - rows[k]])[0]
-            x_k = tf.split(x_k, [rows[k], batch - rows[k]], axis=1)[0]
-        cs_k, h_k = block_lstm(x_k, h, c, weights, bias)
-        if k + 1 < tiers:
-            # The state after the tier's last step (its input if no steps).
-            h = tf.concat([h[None], h_k[-1:]], axis=0)[-1]
-            c = tf.concat([c[None], cs_k[-1:]], axis=0)[-1]
-        css.append(cs_k)
-        if k:
-            h_k = tf.pad(h_k, [[0, 0], [0, batch - rows[k]], [0, 0]])
-        hs.append(h_k)
-    past = tf.zeros((sizes[tiers], batch, h0.shape[-1]), x.dtype)
-    h = tf.transpose(tf.concat(hs + [past], axis=0), (1, 0, 2))
-    c = _last_cell_states(css, lengths, starts, ends, rows) if want_states else None
-    if order is not None:
-        h = _permute_rows(h, inverse, order)
-        c = None if c is None else tf.gather(c, inverse)
-    return h, c
-
-
-def _last_cell_states(css, lengths, starts, ends, rows):
-    """Each row's cell state after its last step, read from the tier whose
-    steps hold it: one gather from the tiers' cell states, flattened
-    (`(steps_k, rows_k, units)` each), with no padded copy of them. Rows
-    in sorted order; an empty row reads a zero row."""
-    units = css[0].shape[-1]
-    flat = [tf.reshape(cs_k, (-1, units)) for cs_k in css]
-    counts = tf.stack([tf.cast(r, "int32") for r in rows[:-1]])
-    offsets = tf.cumsum((ends - starts) * counts, exclusive=True)
-    total = tf.reduce_sum((ends - starts) * counts)
-    flat = tf.concat(flat + [tf.zeros((1, units), css[0].dtype)], axis=0)
-    last = lengths - 1
-    # The tier holding step `last`: the number of tiers that end at or
-    # before it.
-    tier = tf.searchsorted(ends, tf.maximum(last, 0), side="right")
-    tier = tf.minimum(tier, len(css) - 1)
-    row = tf.range(tf.shape(lengths)[0], dtype="int32")
-    index = (
-        tf.gather(offsets, tier)
-        + (last - tf.gather(starts, tier)) * tf.gather(counts, tier)
-        + row
-    )
-    return tf.gather(flat, tf.where(last >= 0, index, total))
-
-
-def _permute_rows(x, order, inverse):
-    """`x[order]` for a permutation `order` of its rows, with `inverse` its
-    inverse: the gradient is `grad[inverse]`, one gather (`tf.gather`'s own
-    gradient sums into a zero tensor)."""
-
-    @tf.custom_gradient
-    def permute(x):
-        return tf.gather(x, order), lambda grad: tf.gather(grad, inverse)
-
-    return permute(x)
-
-
 def run(inner, x, initial_state, steps, want_states):
     """Runs `BlockLSTMV2` over valid-first `x`.
 
-    Rows are sorted by length and run in tiers (`_tier_count`): padded
+    Rows are sorted by length and run in tiers
+    (`maskedrnn.backends.tensorflow_tiers`): padded
     steps past the longest row of a tier are not computed.
 
     Args:
@@ -449,11 +356,23 @@ def run(inner, x, initial_state, steps, want_states):
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype)
     lengths = tf.cast(steps.lengths, "int32")
-    y, c = _run_tiers(
-        x, h0, c0, lengths, weights, bias, _tier_count(x.shape[0]), want_states
+    shared = constants(weights)
+
+    def segment(x_k, states):
+        cs_k, h_k = block_lstm(x_k, states[0], states[1], weights, bias, shared)
+        return [h_k, cs_k]
+
+    y, others = tiers.run_tiers(
+        x,
+        [h0, c0],
+        lengths,
+        segment,
+        tiers.tier_count(x.shape[0], TIER_ROWS),
+        want_states,
     )
     if not want_states:
         return y, None
     # Row b's output after step last[b] is y[b, last[b]].
     h = tf.gather(y, steps.last, axis=1, batch_dims=1)
+    c = others[0]
     return y, [tf.where(steps.has_steps, h, h0), tf.where(steps.has_steps, c, c0)]

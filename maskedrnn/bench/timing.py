@@ -346,6 +346,16 @@ def declined_reason(error):
     return " ".join(line for line in lines if line)
 
 
+def _declined(error):
+    """The `maskedrnn.backends.Declined` that `error` is or was raised
+    from (its `__cause__` / `__context__` chain), else None."""
+    while error is not None:
+        if isinstance(error, backends.Declined):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def case_orders(cases, repeats, seed=0):
     """The order the bench times its `cases` in, one permutation per repeat.
 
@@ -414,11 +424,17 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
                 try:
                     with kernels.KernelRecorder() as recorder:
                         result = steps[name, mode]()
-                except backends.Declined as error:
-                    if config.split_impl(name)[1] is None:
+                except Exception as error:
+                    # Under tf.function a Declined of the trace comes back
+                    # wrapped (a StagingError whose context is the Declined).
+                    if _declined(error) is None or config.split_impl(name)[1] is None:
                         raise
                     declined.append(
-                        {"impl": name, "mode": mode, "reason": declined_reason(error)}
+                        {
+                            "impl": name,
+                            "mode": mode,
+                            "reason": declined_reason(_declined(error)),
+                        }
                     )
                     cases.remove((name, mode))
                     break

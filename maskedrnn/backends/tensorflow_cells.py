@@ -1,0 +1,451 @@
+"""Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` way.
+
+Keras' GRU and SimpleRNN have no fused kernel on a TensorFlow CPU: Keras'
+layer runs its generic step loop over every step of every row, padded or
+not. Here the rows of valid-first data, sorted by length, run in tiers
+(`maskedrnn.backends.tensorflow_tiers`, the LSTM's scheduler): a group of
+rows leaves the computation once its longest row has ended. Each tier
+projects the inputs of all its steps in one matmul, then runs the
+recurrence alone in a `tf.while_loop`, with Keras' cell equations:
+
+- GRU, `reset_after=True` (Keras' default): `z, r = sigmoid(x W_zr + b_zr +
+  h U_zr + c_zr)`, `hh = tanh(x W_h + b_h + r * (h U_h + c_h))`, `h' = z *
+  h + (1 - z) * hh` (`b` the input bias, `c` the recurrent one);
+- GRU, `reset_after=False`: `z, r` as above with one bias, `hh = tanh(x W_h
+  + b_h + (r * h) U_h)`;
+- SimpleRNN: `h' = tanh(x W + b + h U)`.
+
+The recurrence has a gradient of its own: the gates of every step are
+recomputed at once from the outputs, so the backward step loop carries
+only `dh` (one recurrent matmul a step, two for `reset_after=False`), and
+the gradients of the weights are one matmul each over all steps (summed in
+float32 when computing in float16).
+
+It runs only where those equations are the layer's (`why_not`): a
+`keras.layers.GRU` with `tanh` / `sigmoid` activations or a
+`keras.layers.SimpleRNN` with `tanh`, no recurrent dropout, computing in
+float16, float32 or float64, no visible GPU (Keras' GRU runs cuDNN there),
+outside XLA (the tiers' sizes are known only when the batch runs), outside
+`maskedrnn.backends.portable()` and Keras' exporter (`model.export`), as
+the LSTM's tiers.
+"""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from maskedrnn import backends
+from maskedrnn.backends import Why, soft
+from maskedrnn.backends import tensorflow_block_lstm as block_lstm
+from maskedrnn.backends import tensorflow_tiers as tiers
+
+WAY = "tf-tiers"
+DTYPES = ("float16", "float32", "float64")
+# The fewest rows of a tier: each tier is one more step loop, whose steps
+# cost their ops' dispatch about as much as their arithmetic at small sizes,
+# and one more loop to trace.
+TIER_ROWS = 32
+
+_NOT_CELL = Why(
+    "the tiers compute keras.layers.GRU and keras.layers.SimpleRNN only "
+    "(this layer is another RNN; an LSTM runs 'tf-block-lstm')"
+)
+_GRU_ACTIVATIONS = Why(
+    "the tiers compute a GRU's tanh / sigmoid activations only (this GRU "
+    "has other ones)"
+)
+_RNN_ACTIVATION = Why(
+    "the tiers compute a SimpleRNN's tanh activation only (this one has another)"
+)
+_RECURRENT_DROPOUT = Why("recurrent_dropout > 0 (the tiers have no recurrent dropout)")
+_XLA = Why(
+    "traced for XLA (jit_compile=True), which needs the tiers' sizes when "
+    "tracing (they depend on the batch's lengths)"
+)
+_PORTABLE = Why(
+    "inside maskedrnn.backends.portable(): an export keeps Keras' own layer "
+    "for converters (LiteRT built-in ops, tf2onnx)"
+)
+_KERAS_EXPORT = Why(
+    "traced by Keras' exporter (model.export, ExportArchive): an exported "
+    "graph carries Keras' own layer, which every converter reads"
+)
+_UNROLL = soft("the layer has unroll=True, which asks for Keras' unrolled loop")
+_USE_CUDNN_FALSE = soft(
+    "the inner layer has use_cudnn=False, which asks for Keras' loop"
+)
+_GPU = soft(
+    "a GPU is visible, where Keras' layer runs (cuDNN for a GRU); the tiers "
+    "are built for a CPU"
+)
+
+
+def _dtype_why(dtype):
+    return Why(
+        lambda: f"the layer computes in {dtype}; the tiers compute float16, "
+        "float32 and float64"
+    )
+
+
+def why_not(inner, has_fused_rnn_kernel):
+    """None when the tiers compute `inner` exactly here and are preferred,
+    else a `Why` (hard when they cannot run, soft when Keras' layer is
+    preferred).
+
+    Args:
+        inner: The inner RNN.
+        has_fused_rnn_kernel: The backend's function of that name.
+    """
+    kind = type(inner)
+    if kind not in (keras.layers.GRU, keras.layers.SimpleRNN):
+        return _NOT_CELL
+    cell = inner.cell
+    if cell.activation is not keras.activations.tanh:
+        return _GRU_ACTIVATIONS if kind is keras.layers.GRU else _RNN_ACTIVATION
+    if (
+        kind is keras.layers.GRU
+        and cell.recurrent_activation is not keras.activations.sigmoid
+    ):
+        return _GRU_ACTIVATIONS
+    if cell.recurrent_dropout:
+        return _RECURRENT_DROPOUT
+    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
+    if dtype not in DTYPES:
+        return _dtype_why(dtype)
+    if backends.portable_only():
+        return _PORTABLE
+    if block_lstm.traced_for_keras_export():
+        return _KERAS_EXPORT
+    if block_lstm.in_xla_context():
+        return _XLA
+    if inner.unroll:
+        return _UNROLL
+    if getattr(inner, "use_cudnn", "auto") is False:
+        return _USE_CUDNN_FALSE
+    if has_fused_rnn_kernel():
+        return _GPU
+    return None
+
+
+def describe(inner):
+    """The `kernel_info()` sentence of the way."""
+    name = type(inner).__name__
+    return (
+        f"Keras {name}'s equations in length tiers over valid-first data, "
+        "unmasked: rows sorted by length leave in groups once a group has "
+        "ended, each tier's inputs projected in one matmul and its "
+        "recurrence in one TensorFlow while_loop with a gradient of its "
+        "own; the final state read at each row's last valid step (exact); "
+        "in functions XLA compiles (jit_compile=True) Keras' layer runs "
+        "instead"
+    )
+
+
+def _flat_matmul(a, b):
+    """`a @ b` over the last axis of a 3-d `a`."""
+    shape = tf.shape(a)
+    out = tf.matmul(tf.reshape(a, tf.stack([-1, shape[-1]])), b)
+    return tf.reshape(out, tf.concat([shape[:-1], tf.shape(b)[-1:]], 0))
+
+
+def _sum_dtype(dtype):
+    """float32 for the sums over steps of a half-precision computation (in
+    float16 the sum of many steps would lose the small ones), else
+    `dtype`."""
+    return "float32" if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def _sum_matmul(a, b):
+    """`sum over steps and rows of a^T b` for 3-d `a`, `b`, in
+    `_sum_dtype`."""
+    dtype = _sum_dtype(a.dtype)
+    a = tf.cast(tf.reshape(a, tf.stack([-1, tf.shape(a)[-1]])), dtype)
+    b = tf.cast(tf.reshape(b, tf.stack([-1, tf.shape(b)[-1]])), dtype)
+    return tf.matmul(a, b, transpose_a=True)
+
+
+# Steps run per while_loop iteration: the loop's own ops (a few per loop
+# variable and iteration) cost as much as a small step's, so a block of
+# steps shares them. A tier's last block may run past its end on zeros.
+BLOCK = 4
+
+
+def _scan(step, h0, seqs, widths, backward=False):
+    """Runs `h, outs = step(h, inputs)` over the steps of time-major `seqs`
+    (`inputs`: each one's step), first to last or (`backward`) last to
+    first, `BLOCK` steps per `tf.while_loop` iteration.
+
+    Args:
+        step: A function of `(h, list of (rows, width) tensors)` returning
+            `(h, list of (rows, width_i) tensors)`, one per `widths`.
+        h0: `(rows, units)`, the carried value before the first step run.
+        seqs: List of `(steps, rows, width)` tensors; steps past their end
+            read zeros.
+        widths: Python ints, the widths of `step`'s outputs.
+        backward: Whether to run from the last step to the first.
+
+    Returns:
+        `(h, outs)`: the carried value after the last step run, and one
+        `(steps, rows, width_i)` tensor per `widths`.
+    """
+    steps, rows = tf.shape(seqs[0])[0], tf.shape(h0)[0]
+    dtype = seqs[0].dtype
+    blocks = (steps + BLOCK - 1) // BLOCK
+    pad = blocks * BLOCK - steps
+    blocked = [
+        tf.reshape(
+            tf.pad(s, [[0, pad], [0, 0], [0, 0]]),
+            tf.stack([blocks, BLOCK, rows, tf.shape(s)[-1]]),
+        )
+        for s in seqs
+    ]
+    arrays = [
+        tf.TensorArray(
+            dtype, size=blocks, element_shape=tf.TensorShape([BLOCK, None, w])
+        )
+        for w in widths
+    ]
+    order = range(BLOCK - 1, -1, -1) if backward else range(BLOCK)
+
+    def body(i, h, *arrays):
+        inputs = [tf.unstack(b[i], num=BLOCK) for b in blocked]
+        outs = [[None] * BLOCK for _ in widths]
+        for j in order:
+            h, out = step(h, [x[j] for x in inputs])
+            for kept, value in zip(outs, out):
+                kept[j] = value
+        arrays = [a.write(i, tf.stack(o)) for a, o in zip(arrays, outs)]
+        return (i - 1 if backward else i + 1, h, *arrays)
+
+    out = tf.while_loop(
+        (lambda i, *_: i >= 0) if backward else (lambda i, *_: i < blocks),
+        body,
+        (blocks - 1 if backward else 0, h0, *arrays),
+    )
+    results = []
+    for a, w in zip(out[2:], widths):
+        # An empty TensorArray of unknown row count does not stack.
+        full = tf.cond(
+            blocks > 0, a.stack, lambda: tf.zeros((0, BLOCK, rows, w), dtype)
+        )
+        results.append(tf.reshape(full, tf.stack([blocks * BLOCK, rows, w]))[:steps])
+    return out[1], results
+
+
+def _gru_forward(xp, h0, u, bh, reset_after, units):
+    """The outputs `(steps, rows, units)` of the GRU recurrence from `h0`
+    over the input projections `xp` (`(steps, rows, 3 * units)`, input bias
+    included); `bh` the recurrent bias (used when `reset_after`). `units`
+    is a Python int (the graphs of eager calls are traced with relaxed
+    shapes)."""
+    u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
+
+    def step(h, inputs):
+        x_zr, x_h = inputs
+        if reset_after:
+            hp = tf.nn.bias_add(tf.matmul(h, u), bh)
+            hp_zr, hp_h = tf.split(hp, [2 * units, units], axis=1)
+            z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=1)
+            hh = tf.tanh(x_h + r * hp_h)
+        else:
+            z, r = tf.split(tf.sigmoid(x_zr + tf.matmul(h, u_zr)), 2, axis=1)
+            hh = tf.tanh(x_h + tf.matmul(r * h, u_h))
+        # z * h + (1 - z) * hh, in one op fewer.
+        h = hh + z * (h - hh)
+        return h, [h]
+
+    x_zr_h = tf.split(xp, [2 * units, units], axis=2)
+    return _scan(step, h0, x_zr_h, [units])[1][0]
+
+
+def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
+    """The gradients of `_gru_forward`'s outputs w.r.t. `(xp, h0, u, bh)`
+    given theirs, `dhs`. The gates of every step are recomputed at once
+    from the outputs; the step loop carries `dh` back."""
+    dtype = xp.dtype
+    u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
+    h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
+    x_zr, x_h = tf.split(xp, [2 * units, units], axis=2)
+    if reset_after:
+        hp_zr, hp_h = tf.split(_flat_matmul(h_prev, u) + bh, [2 * units, units], 2)
+        z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=2)
+        hh = tf.tanh(x_h + r * hp_h)
+    else:
+        z, r = tf.split(tf.sigmoid(x_zr + _flat_matmul(h_prev, u_zr)), 2, axis=2)
+        rh = r * h_prev
+        hh = tf.tanh(x_h + _flat_matmul(rh, u_h))
+    # d(pre-activation) = g * coefficient, g the gradient of the step's h.
+    c_z = (h_prev - hh) * z * (1 - z)
+    c_h = (1 - z) * (1 - hh * hh)
+    if reset_after:
+        c_r = c_h * hp_h * r * (1 - r)
+        # The gradient of h U + c (the recurrent pre-activations).
+        c_rec = tf.concat([c_z, c_r, c_h * r], axis=2)
+        u_t = tf.transpose(u)
+
+        def step_after(dh, inputs):
+            dh_t, z_t, c_t = inputs
+            g = dh_t + dh
+            d_rec = tf.concat([g, g, g], axis=1) * c_t
+            return g * z_t + tf.matmul(d_rec, u_t), [g]
+
+        dh0, (g,) = _scan(
+            step_after, tf.zeros_like(h0), [dhs, z, c_rec], [units], True
+        )
+        g3 = tf.concat([g, g, g], axis=2)
+        d_rec = g3 * c_rec
+        d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
+        d_u = _sum_matmul(h_prev, d_rec)
+        d_bh = tf.reduce_sum(tf.cast(d_rec, _sum_dtype(dtype)), axis=(0, 1))
+        return d_xp, dh0, tf.cast(d_u, dtype), tf.cast(d_bh, dtype)
+    c_r = h_prev * r * (1 - r)
+    u_zr_t, u_h_t = tf.transpose(u_zr), tf.transpose(u_h)
+
+    def step(dh, inputs):
+        dh_t, z_t, r_t, c_z_t, c_h_t, c_r_t = inputs
+        g = dh_t + dh
+        d_rh = tf.matmul(g * c_h_t, u_h_t)
+        d_r = d_rh * c_r_t
+        d_zr = tf.concat([g * c_z_t, d_r], axis=1)
+        return g * z_t + d_rh * r_t + tf.matmul(d_zr, u_zr_t), [g, d_r]
+
+    dh0, (g, d_r) = _scan(
+        step, tf.zeros_like(h0), [dhs, z, r, c_z, c_h, c_r], [units, units], True
+    )
+    d_zr = tf.concat([g * c_z, d_r], axis=2)
+    d_h = g * c_h
+    d_u = tf.concat([_sum_matmul(h_prev, d_zr), _sum_matmul(rh, d_h)], axis=1)
+    d_xp = tf.concat([d_zr, d_h], axis=2)
+    return d_xp, dh0, tf.cast(d_u, dtype), tf.zeros_like(bh)
+
+
+def _rnn_forward(xp, h0, u, units):
+    """The outputs of the SimpleRNN recurrence `h' = tanh(xp_t + h U)`."""
+
+    def step(h, inputs):
+        h = tf.tanh(inputs[0] + tf.matmul(h, u))
+        return h, [h]
+
+    return _scan(step, h0, [xp], [units])[1][0]
+
+
+def _rnn_backward(xp, h0, u, hs, dhs, units):
+    """The gradients of `_rnn_forward`'s outputs w.r.t. `(xp, h0, u)`."""
+    dtype = xp.dtype
+    u_t = tf.transpose(u)
+
+    def step(dh, inputs):
+        d = (inputs[0] + dh) * inputs[1]
+        return tf.matmul(d, u_t), [d]
+
+    dh0, (d,) = _scan(step, tf.zeros_like(h0), [dhs, 1 - hs * hs], [units], True)
+    h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
+    return d, dh0, tf.cast(_sum_matmul(h_prev, d), dtype)
+
+
+# Eagerly, the step loops run as graphs (a Python loop of ops otherwise);
+# they are written with tf.while_loop and tf.cond, so autograph is off.
+_GRAPHS = {
+    f: tf.function(f, reduce_retracing=True, autograph=False)
+    for f in (_gru_forward, _gru_backward, _rnn_forward, _rnn_backward)
+}
+
+
+def _call(f, *args):
+    return (_GRAPHS[f] if tf.executing_eagerly() else f)(*args)
+
+
+def _gru_recurrence(xp, h0, u, bh, reset_after):
+    @tf.custom_gradient
+    def recurrence(xp, h0, u, bh):
+        units = u.shape[0]
+        hs = _call(_gru_forward, xp, h0, u, bh, reset_after, units)
+
+        def grad(dhs):
+            return _call(_gru_backward, xp, h0, u, bh, hs, dhs, reset_after, units)
+
+        return hs, grad
+
+    return recurrence(xp, h0, u, bh)
+
+
+def _rnn_recurrence(xp, h0, u):
+    @tf.custom_gradient
+    def recurrence(xp, h0, u):
+        units = u.shape[0]
+        hs = _call(_rnn_forward, xp, h0, u, units)
+
+        def grad(dhs):
+            return _call(_rnn_backward, xp, h0, u, hs, dhs, units)
+
+        return hs, grad
+
+    return recurrence(xp, h0, u)
+
+
+def _segment(cell, dtype):
+    """The function running one tier (`tensorflow_tiers.run_tiers`) of
+    `cell`'s recurrence, its weights cast once for every tier."""
+    kernel = ops.cast(cell.kernel, dtype)
+    u = ops.cast(cell.recurrent_kernel, dtype)
+    units = cell.units
+    if isinstance(cell, keras.layers.GRUCell):
+        width = 3 * units
+        reset_after = cell.reset_after
+        if not cell.use_bias:
+            b, bh = None, tf.zeros((width,), dtype)
+        elif reset_after:
+            b, bh = tf.unstack(ops.cast(cell.bias, dtype))
+        else:
+            b, bh = ops.cast(cell.bias, dtype), tf.zeros((width,), dtype)
+    else:
+        b = ops.cast(cell.bias, dtype) if cell.use_bias else None
+
+    def segment(x_k, states):
+        xp = _flat_matmul(x_k, kernel)
+        if b is not None:
+            xp = xp + b
+        if isinstance(cell, keras.layers.GRUCell):
+            return [_gru_recurrence(xp, states[0], u, bh, reset_after)]
+        return [_rnn_recurrence(xp, states[0], u)]
+
+    return segment
+
+
+def run(inner, x, initial_state, steps, want_states):
+    """Runs a GRU or SimpleRNN over valid-first `x` in length tiers.
+
+    Args:
+        inner: A `keras.layers.GRU` or `keras.layers.SimpleRNN` (`why_not`
+            says None or soft), built.
+        x: Valid-first float tensor `(batch, time, features)`, zeros at
+            padded steps, input dropout already applied; computed in the
+            inner layer's compute dtype.
+        initial_state: `[h0]`, `(batch, units)`.
+        steps: The `maskedrnn.steps.Steps` of the batch.
+        want_states: Whether the final state is wanted.
+
+    Returns:
+        `(outputs, states)`: `outputs` `(batch, time, units)`, exact at each
+        row's valid steps (padded steps past the longest row hold zeros);
+        `states` `[h]` after each row's last valid step (the initial state
+        for a row with no valid step), or None when not wanted.
+    """
+    cell = inner.cell
+    # The inner layer's compute dtype, to which Keras' call would cast its
+    # inputs too (a policy on the wrapper alone hands it another dtype).
+    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
+    x = ops.cast(x, dtype)
+    h0 = ops.cast(initial_state[0], dtype)
+    y, _ = tiers.run_tiers(
+        x,
+        [h0],
+        tf.cast(steps.lengths, "int32"),
+        _segment(cell, dtype),
+        tiers.tier_count(x.shape[0], TIER_ROWS),
+        want_states=False,
+    )
+    if not want_states:
+        return y, None
+    h = tf.gather(y, steps.last, axis=1, batch_dims=1)
+    return y, [tf.where(steps.has_steps, h, h0)]

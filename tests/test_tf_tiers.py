@@ -1,0 +1,444 @@
+"""The `"tf-tiers"` way: Keras' GRU and SimpleRNN in length tiers on TensorFlow.
+
+Oracle: Keras' own `GRU` (`use_cudnn=False`, its generic masked loop) or
+`SimpleRNN`, and `Bidirectional`, handed the same mask explicitly, same
+weights: outputs, final states, and the gradients w.r.t. the inputs, the
+initial states and every weight, for every padding pattern (post, pre,
+holes, empty rows), `lengths=`, both layers (every merge mode,
+`go_backwards`), `reset_after` True and False, with and without bias,
+float32, float64 and mixed precision, forced and as the default plan, eagerly
+and in `tf.function` with unknown batch and time sizes. The plan's choices
+(what runs where the tiers do not: XLA, other activations, recurrent
+dropout, `portable()`) are read from `kernel_info()` and
+`maskedrnn.backends.record()`.
+
+TensorFlow only: the other backends have no such way (forcing it there is
+declined, as every way a backend lacks).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from maskedrnn import MaskedBidirectional, MaskedRNN, backends
+from maskedrnn.bench.config import edge_mask
+from tests.helpers import BACKEND, lengths_to_mask, record_calls, to_np
+
+pytestmark = pytest.mark.skipif(
+    BACKEND != "tensorflow",
+    reason="the length tiers are TensorFlow code: only the TensorFlow "
+    "backend offers the 'tf-tiers' way",
+)
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+WAY = "tf-tiers"
+B, T, D, U = 6, 7, 3, 4
+MERGE_MODES = ["concat", "sum", "ave", "mul", None]
+CELLS = {
+    "gru": (keras.layers.GRU, {}),
+    "gru-reset-before": (keras.layers.GRU, {"reset_after": False}),
+    "simple-rnn": (keras.layers.SimpleRNN, {}),
+}
+
+
+@pytest.fixture(params=sorted(CELLS))
+def cell(request):
+    return request.param
+
+
+def inner(cell, oracle=False, **kw):
+    kind, defaults = CELLS[cell]
+    kw = {**defaults, **kw}
+    if oracle and kind is keras.layers.GRU:
+        kw["use_cudnn"] = False
+    return kind(U, **kw)
+
+
+def inputs(seed=0, batch=B, time=T, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((batch, time, D)).astype(dtype)
+
+
+def pair(cell, wrapper, merge_mode="concat", go_backwards=False, dtype=None, **kw):
+    """(ours, Keras' masked oracle) with the same weights."""
+    kw = dict(return_sequences=True, return_state=True, **kw)
+    layer_kw = {} if dtype is None else {"dtype": dtype}
+    kw.update(layer_kw)
+    if wrapper == "bidirectional":
+        ref = keras.layers.Bidirectional(
+            inner(cell, True, **kw), merge_mode=merge_mode, **layer_kw
+        )
+        ours = MaskedBidirectional(inner(cell, **kw), merge_mode=merge_mode, **layer_kw)
+    else:
+        kw["go_backwards"] = go_backwards
+        ref = inner(cell, True, **kw)
+        ours = MaskedRNN(inner(cell, **kw), **layer_kw)
+    ref.build((None, None, D))
+    ours.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    return ours, ref
+
+
+def outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
+    """Outputs, and the gradients of a fixed random weighting of all of
+    them w.r.t. `x`, the initial states and every trainable weight."""
+    rng = np.random.default_rng(11)
+    x = tf.constant(x)
+    init = None if initial_state is None else [tf.constant(s) for s in initial_state]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        if init is not None:
+            tape.watch(init)
+        outs = layer(x, initial_state=init, **call_kwargs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        loss = 0.0
+        for o in outs:
+            weight = rng.standard_normal(tuple(o.shape))
+            loss += tf.reduce_sum(tf.cast(o, "float64") * weight)
+    sources = [x] + (init or []) + list(layer.trainable_variables)
+    grads = tape.gradient(loss, sources)
+    return to_np(outs), [to_np(g) for g in grads]
+
+
+def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
+    got, got_grads = outputs_and_grads(ours, x, **kw)
+    want, want_grads = outputs_and_grads(ref, x, **kw)
+    assert len(got) == len(want) and len(got_grads) == len(want_grads)
+    for i, (a, e) in enumerate(zip(got, want)):
+        assert a.dtype == e.dtype, f"output {i}"
+        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=f"output {i}")
+    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
+        assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
+        np.testing.assert_allclose(
+            a, e, atol=10 * atol, rtol=grad_rtol, err_msg=f"gradient {i}"
+        )
+
+
+def ways_of(plans):
+    return {d.way for p in plans for d in p.directions}
+
+
+@pytest.fixture(params=["forced", "default"])
+def how(request):
+    """The way forced, or chosen by the default plan (checked to be it)."""
+    if request.param == "forced":
+        with backends.force(WAY):
+            yield request.param
+        return
+    with backends.record() as plans:
+        yield request.param
+    assert ways_of(plans) == {WAY}
+
+
+@pytest.mark.parametrize("merge_mode", MERGE_MODES)
+def test_bidirectional_matches_keras_with_every_mask_pattern(cell, merge_mode, how):
+    ours, ref = pair(cell, "bidirectional", merge_mode=merge_mode)
+    assert_matches(ours, ref, inputs(), mask=edge_mask())
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_initial_state_and_its_gradient(cell, wrapper, how):
+    ours, ref = pair(cell, wrapper)
+    n = 2 if wrapper == "bidirectional" else 1
+    rng = np.random.default_rng(5)
+    init = [rng.standard_normal((B, U)).astype("float32") for _ in range(n)]
+    assert_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("zero_output_for_mask", [False, True])
+def test_masked_rnn_matches_keras(cell, go_backwards, zero_output_for_mask, how):
+    ours, ref = pair(
+        cell,
+        "rnn",
+        go_backwards=go_backwards,
+        zero_output_for_mask=zero_output_for_mask,
+    )
+    assert_matches(ours, ref, inputs(2), mask=edge_mask())
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("lengths", [[7, 3, 0, 1, 5, 6], [3, 0, 1, 2, 3, 1], [0] * B])
+def test_lengths_equal_their_right_padded_mask(cell, wrapper, lengths, how):
+    """Every row shorter than the time axis: fewer steps run; every row
+    empty: none."""
+    lengths = np.array(lengths, "int32")
+    ours, ref = pair(cell, wrapper)
+    got, got_grads = outputs_and_grads(ours, inputs(3), lengths=lengths)
+    want, want_grads = outputs_and_grads(
+        ref, inputs(3), mask=lengths_to_mask(lengths, T)
+    )
+    for a, e in zip(got + got_grads, want + want_grads):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
+
+
+def test_no_bias_and_last_output_only(cell, how):
+    ours, ref = pair(cell, "bidirectional", use_bias=False)
+    assert_matches(ours, ref, inputs(5), mask=edge_mask())
+    ours = MaskedBidirectional(inner(cell))
+    ref = keras.layers.Bidirectional(inner(cell, True))
+    ref.build((None, None, D))
+    ours.build((None, None, D))
+    ours.set_weights(ref.get_weights())
+    assert_matches(ours, ref, inputs(4), mask=edge_mask())
+
+
+def test_float64_matches_keras(cell, how):
+    """float64 throughout (weights, steps, gradient sums): agreement to
+    float64 rounding, far below float32's."""
+    ours, ref = pair(cell, "bidirectional", dtype="float64")
+    x = inputs(6, batch=24, dtype="float64")
+    mask = tier_mask(24, T, seed=6)
+    assert_matches(ours, ref, x, atol=1e-12, mask=mask)
+
+
+def test_mixed_precision_matches_keras(cell):
+    """mixed_float16: both compute in float16 (the weights float32); the
+    gradient sums over steps run in float32."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        ours, ref = pair(cell, "rnn")
+        x = inputs(7, batch=32)
+        with backends.record() as plans:
+            # Keras adds the steps' weight gradients one by one in float16,
+            # ours sums them at once: they differ by float16's rounding.
+            assert_matches(
+                ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=tier_mask(32, T, seed=4)
+            )
+        assert ours.layer.cell.compute_dtype == "float16"
+        assert ours.layer.cell.kernel.dtype == "float32"
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert ways_of(plans) == {WAY}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
+    """Traced once with `None` batch and time sizes the tiers serve every
+    batch (empty, small, large: one tier, as for `ASSUMED_BATCH` rows); with
+    `jit_compile=True` the plan picks Keras' layer (recorded), same
+    results."""
+    ours, ref = pair(cell, "bidirectional")
+    time = 6
+
+    @tf.function(
+        jit_compile=jit_compile,
+        input_signature=[
+            tf.TensorSpec((None, None, D)),
+            tf.TensorSpec((None, None), tf.bool),
+        ],
+    )
+    def step(x, mask):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = ours(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+
+    batches = [1, 3, 40] if jit_compile else [0, 1, 3, 40]
+    for batch in batches:
+        x = tf.constant(inputs(batch, batch=batch, time=time))
+        mask = tf.constant(tier_mask(max(batch, 4), time, seed=2)[:batch])
+        with backends.record() as plans:
+            outs, grads = step(x, mask)
+        if plans:  # traced on the first call only
+            assert (WAY in ways_of(plans)) == (not jit_compile)
+        if batch == 0:
+            assert [tuple(o.shape) for o in outs] == [(0, time, 2 * U), (0, U), (0, U)]
+            assert not any(np.any(to_np(g)) for g in grads)
+            continue
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            want = ref(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in want)
+        want_grads = tape.gradient(loss, [x] + ref.trainable_variables)
+        for a, e in zip(list(outs) + grads, list(want) + want_grads):
+            np.testing.assert_allclose(
+                to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"batch {batch}"
+            )
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_forced_under_xla_is_declined(cell):
+    ours, _ = pair(cell, "rnn")
+
+    @tf.function(jit_compile=True)
+    def call(x):
+        return ours(x, mask=edge_mask())
+
+    # tf.function re-raises the `Declined` of its tracing as a StagingError.
+    with backends.force(WAY):
+        with pytest.raises(Exception, match="'tf-tiers' cannot run here.*XLA"):
+            call(tf.constant(inputs()))
+
+
+def test_input_dropout_is_applied_before_the_tiers(cell):
+    """Training with input dropout: the tiers read the inputs times the
+    cell's dropout mask (one mask for every step, applied by the core), as
+    Keras' masked layer given the dropped inputs and no dropout."""
+    ours, _ = pair(cell, "rnn", dropout=0.5, seed=3)
+    _, ref = pair(cell, "rnn")
+    ref.set_weights(ours.get_weights())
+    keep = (np.random.default_rng(9).random((B, D)) < 0.5) * 2.0
+    keep = keep.astype("float32")
+    ours.layer.cell.get_dropout_mask = lambda x: tf.constant(keep)
+    x, mask = inputs(8), edge_mask()
+    with backends.record() as plans:
+        got = ours(x, mask=mask, training=True)
+    assert ways_of(plans) == {WAY}
+    want = ref(x * keep[:, None, :], mask=mask)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
+    plain = ours(x, mask=mask, training=False)
+    assert np.abs(to_np(plain[0]) - to_np(got[0])).max() > 1e-2
+
+
+def test_kernel_info_says_it_runs_and_why_not_elsewhere(cell):
+    ours, _ = pair(cell, "bidirectional")
+    ours(inputs(), mask=edge_mask())
+    name = CELLS[cell][0].__name__
+    for sentence in ours.kernel_info().values():
+        assert sentence.startswith(f"Keras {name}'s equations in length tiers")
+        assert "exact" in sentence and "jit_compile=True) Keras' layer" in sentence
+    cases = [
+        (inner(cell, activation="relu"), "tanh"),
+        (inner(cell, recurrent_dropout=0.1), "recurrent_dropout"),
+        (inner(cell, unroll=True), "unroll=True"),
+    ]
+    if cell != "simple-rnn":
+        cases += [
+            (inner(cell, recurrent_activation="hard_sigmoid"), "tanh / sigmoid"),
+            (inner(cell, use_cudnn=False), "use_cudnn=False"),
+        ]
+    for layer_inner, reason in cases:
+        layer = MaskedRNN(layer_inner)
+        layer.build((None, T, D))
+        (sentence,) = layer.kernel_info().values()
+        assert sentence.startswith("Keras "), sentence
+        assert "the length tiers do not run" in sentence and reason in sentence
+
+
+def test_declined_cases_raise_when_forced(cell):
+    x, mask = inputs(), edge_mask()
+    layers = [
+        (inner(cell, activation="relu"), "tanh"),
+        (keras.layers.LSTM(U), "GRU and keras.layers.SimpleRNN only"),
+        (keras.layers.RNN(keras.layers.GRUCell(U)), "SimpleRNN only"),
+    ]
+    layers.append(
+        (inner(cell, dtype="mixed_bfloat16"), "bfloat16; the tiers compute float16")
+    )
+    for layer_inner, reason in layers:
+        with backends.force(WAY):
+            with pytest.raises(backends.Declined, match=reason):
+                MaskedRNN(layer_inner)(x, mask=mask)
+    # Recurrent dropout: declined while training and at inference alike
+    # (the plan does not depend on `training`).
+    with backends.force(WAY):
+        with pytest.raises(backends.Declined, match="recurrent_dropout"):
+            MaskedRNN(inner(cell, recurrent_dropout=0.2))(x, mask=mask, training=True)
+    # unroll=True: Keras' unrolled loop by default, the tiers when forced.
+    ours, ref = pair(cell, "rnn", unroll=True)
+    with backends.record() as plans:
+        ours(x, mask=mask)
+    assert WAY not in ways_of(plans)
+    with backends.force(WAY):
+        assert_matches(ours, ref, x, mask=mask)
+
+
+def test_portable_block_runs_keras_layers(cell):
+    ours, ref = pair(cell, "bidirectional")
+    x, mask = inputs(), edge_mask()
+    with backends.portable():
+        with backends.record() as plans:
+            got = ours(x, mask=mask)
+        assert WAY not in ways_of(plans)
+        with backends.force(WAY):
+            with pytest.raises(backends.Declined, match="portable"):
+                ours(x, mask=mask)
+    for a, e in zip(got, ref(x, mask=mask)):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
+
+
+def tier_mask(batch, time, seed):
+    """Every padding pattern over `batch` rows: random lengths, full and
+    empty rows, pre-padding and holes."""
+    rng = np.random.default_rng(seed)
+    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
+    m[0] = True  # full
+    m[1] = False  # empty
+    m[2] = m[2][::-1]  # pre-padded
+    m[3, ::2] = False  # holes
+    return m
+
+
+def tier_sizes(monkeypatch):
+    """The `(steps, rows)` of each tier's recurrence."""
+    from maskedrnn.backends import tensorflow_cells
+
+    gru = record_calls(monkeypatch, tensorflow_cells, "_gru_recurrence")
+    rnn = record_calls(monkeypatch, tensorflow_cells, "_rnn_recurrence")
+    return lambda: [tuple(to_np(a).shape[:2]) for a in gru + rnn]
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("batch, tiers", [(24, 1), (64, 2), (111, 3), (300, 8)])
+def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
+    """Rows sorted by length run in tiers of at least 32 rows (at most 8);
+    each tier stops where the longest row outside it ends. Outputs, final
+    states and every gradient equal Keras' masked layer's."""
+    time = 9
+    sizes = tier_sizes(monkeypatch)
+    ours, ref = pair(cell, wrapper)
+    x = inputs(batch, batch=batch, time=time)
+    mask = tier_mask(batch, time, seed=batch)
+    rng = np.random.default_rng(1)
+    n = 2 if wrapper == "bidirectional" else 1
+    init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
+    with backends.force(WAY):
+        assert_matches(ours, ref, x, initial_state=init, mask=mask)
+    calls = sizes()
+    assert len(calls) == tiers * n
+    for first in range(0, len(calls), tiers):
+        rows = [r for _, r in calls[first : first + tiers]]
+        assert rows == sorted(rows, reverse=True) and rows[0] == batch
+        assert tiers == 1 or rows[-1] < batch
+        assert sum(t for t, _ in calls[first : first + tiers]) == mask.sum(1).max()
+    if tiers > 1:
+        assert sum(t * r for t, r in calls) < n * batch * mask.sum(1).max()
+
+
+@pytest.mark.parametrize(
+    "lengths", ["full", "empty", "one long row"], ids=lambda s: s.replace(" ", "-")
+)
+def test_tiers_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
+    """Tiers that run no step (every row as long, every row empty, one row
+    longer than the rest) pass their rows' states on unchanged."""
+    batch = 96
+    lengths = {
+        "full": np.full(batch, T, "int32"),
+        "empty": np.zeros(batch, "int32"),
+        "one long row": np.where(np.arange(batch) == 5, T, 2).astype("int32"),
+    }[lengths]
+    ours, ref = pair(cell, "rnn")
+    sizes = tier_sizes(monkeypatch)
+    x = inputs(3, batch=batch)
+    got, got_grads = outputs_and_grads(ours, x, lengths=lengths)
+    want, want_grads = outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
+    for a, e in zip(got + got_grads, want + want_grads):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
+    assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
+
+
+def test_eager_gradients_over_several_shapes(cell):
+    """Eagerly the step loops run as graphs traced with relaxed shapes
+    (`tf.function(reduce_retracing=True)`): every shape still gives Keras'
+    gradients."""
+    for batch, time in [(16, 5), (9, 8), (24, 3)]:
+        ours, ref = pair(cell, "rnn")
+        x = inputs(batch, batch=batch, time=time)
+        with backends.force(WAY):
+            assert_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))
