@@ -1,15 +1,13 @@
-"""The JAX backend: Keras' layers; without a GPU, Keras' masked loop for all.
+"""The JAX backend: cuDNN's LSTM on a GPU, length tiers, Keras' layers.
 
 JAX has no fused RNN kernel without a GPU: Keras' JAX backend reaches cuDNN
 only on one, and its unmasked GRU kernel (a `lax.scan` over input
 projections computed up front) runs slower than its generic loop on a CPU.
-So there every Keras RNN runs a `lax.scan` step loop, masked or not, at
-nearly the same cost: the mask adds a fused select per step, and ours'
-valid-first gathers and per-row reversals would cost extra on top
-(docs/benchmarks.md). Keras' masked loop on the caller's order is exact and
-does none of it (`cpu_why`), unless the wrapped layer says `use_cudnn=True`.
-An LSTM whose final states are wanted follows TensorFlow's rule
-(`keras_ways.states_why`).
+So there a Keras RNN that the length tiers (below) do not compute runs a
+`lax.scan` step loop, masked or not, at nearly the same cost: Keras' masked
+loop on the caller's order is exact and needs no valid-first reordering
+(`cpu_why`), unless the wrapped layer says `use_cudnn=True`. An LSTM whose
+final states are wanted follows TensorFlow's rule (`keras_ways.states_why`).
 
 On a CUDA GPU an LSTM runs `"jax-fused"` (`maskedrnn.backends.jax_fused`):
 both directions of a call in one `jax.experimental.rnn.lstm` call, cuDNN's
@@ -18,18 +16,26 @@ each row by its own length for the backward direction and returns the
 exact final `[h, c]`. Elsewhere the way is forceable and runs
 `jax.experimental.rnn.lstm_ref`, the pure-JAX reference of that call (the
 same equations; slower than Keras' loop on a CPU, so not the default
-there). A GRU has no such kernel in JAX: it runs Keras' layer.
+there).
+
+An LSTM, GRU or SimpleRNN elsewhere runs `"jax-tiers"`
+(`maskedrnn.backends.jax_tiers`): its rows sorted by length and run in
+length tiers, so padded steps are computed only until a tier's longest row
+ends, with exact final states and its own gradient; the default on a CPU,
+and for a GRU or SimpleRNN on a GPU (JAX has no cuDNN GRU). What it does
+not compute exactly (`jax_tiers.equations_why`) runs Keras' layer.
 """
 
 import jax
 import keras
 from keras import ops
 
-from maskedrnn.backends import Why, jax_fused, keras_ways, soft
+from maskedrnn.backends import Why, jax_fused, jax_tiers, keras_ways, soft
 
 NAME = "jax"
 FUSED = "jax-fused"
-WAYS = (FUSED, "keras-unmasked", "keras-masked")
+TIERS = jax_tiers.WAY
+WAYS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
 FUSED_WAYS = (FUSED,)
 
 layout = run_direction = keras_ways.no_caller_order_kernel
@@ -139,10 +145,28 @@ def fused_why(inners):
     return None
 
 
+_USE_CUDNN_TRUE = soft(
+    "the inner layer has use_cudnn=True, which asks for Keras' cuDNN kernel"
+)
+
+
+def tiers_why(inner):
+    """None when `"jax-tiers"` runs `inner` exactly and is preferred: a
+    hard `Why` when its equations are not the layer's
+    (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN."""
+    text = jax_tiers.equations_why(inner)
+    if text is not None:
+        return Why(text)
+    if getattr(inner, "use_cudnn", "auto") is True:
+        return _USE_CUDNN_TRUE
+    return None
+
+
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: the one-call cuDNN LSTM, Keras' unmasked
-    layer, else its masked loop (see the module docstring)."""
-    fused = [(FUSED, fused_option_why(inner))]
+    """`[(way, why)]`, best first: the one-call cuDNN LSTM, the length
+    tiers, Keras' unmasked layer, else its masked loop (see the module
+    docstring)."""
+    fused = [(FUSED, fused_option_why(inner)), (TIERS, tiers_why(inner))]
     hard = None
     if type(inner) is keras.layers.SimpleRNN and inner.cell.compute_dtype == "float64":
         hard = _FLOAT64_SIMPLE_RNN
@@ -168,6 +192,8 @@ def describe(way, inner, want_states, options):
         if why is not None:
             text += f", here its pure-JAX reference lstm_ref ({why})"
         return text
+    if way == TIERS:
+        return jax_tiers.describe(inner)
     return keras_ways.describe(way, inner, options)
 
 
@@ -200,4 +226,6 @@ def run(way, inner, x, initial_state, training, steps, want_states):
             way, [inner], x, steps, [initial_state], training, want_states
         )
         return y, states[0] if want_states else []
+    if way == TIERS:
+        return jax_tiers.run(inner, x, steps.lengths, initial_state)
     return keras_ways.run(way, inner, x, initial_state, training, steps)
