@@ -41,6 +41,9 @@ BIG="--batch 64 --time 200 --features 128 --units 128 --lengths uniform:0.2
 BIG=${BIG//$'\n'/ }
 RUNS[tensorflow-lstm-b64-t200-u128]="tensorflow $BIG"
 RUNS[tensorflow-lstm-b64-t200-u128-state]="tensorflow $BIG --return-state"
+# JAX's length tiers: the larger size, and the bidirectional GRU with states.
+RUNS[jax-lstm-b64-t200-u128]="jax $BIG"
+RUNS[jax-gru-state]="jax ${SIZES[*]} --cell gru --return-state"
 names=("$@")
 if [ "${names[*]:-}" = rnn ]; then
   names=()
@@ -57,7 +60,8 @@ if [ ${#names[@]} = 0 ]; then
     done
     names+=("$b-rnn-simplernn" "$b-rnn-simplernn-state")
   done
-  names+=(tensorflow-lstm-b64-t200-u128 tensorflow-lstm-b64-t200-u128-state)
+  names+=(tensorflow-lstm-b64-t200-u128 tensorflow-lstm-b64-t200-u128-state
+          jax-lstm-b64-t200-u128 jax-gru-state)
 fi
 status=0
 for name in "${names[@]}"; do

@@ -36,7 +36,7 @@ NAME = "jax"
 FUSED = "jax-fused"
 TIERS = jax_tiers.WAY
 WAYS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
-FUSED_WAYS = (FUSED,)
+FUSED_WAYS = (FUSED, TIERS)
 
 layout = run_direction = keras_ways.no_caller_order_kernel
 scalar = keras_ways.scalar
@@ -135,8 +135,12 @@ def fused_option_why(inner):
 
 
 def fused_why(inners):
-    """None when `inners` can share one `"jax-fused"` call, else a hard
-    `Why` (one cuDNN call: the same units and compute dtype)."""
+    """None when `inners` can share one call of a one-call way, else a hard
+    `Why` (one cuDNN call, or one tiered recurrence: the same RNN type,
+    units and compute dtype)."""
+    text = jax_tiers.same_shapes_why(inners)
+    if text is not None:
+        return Why(text)
     first = inners[0].cell
     for other in inners[1:]:
         cell = other.cell
@@ -150,15 +154,28 @@ _USE_CUDNN_TRUE = soft(
 )
 
 
+_KERAS_CUDNN_LSTM = soft(
+    "Keras' LSTM may run cuDNN here (a GPU), which is faster than the tiers"
+)
+
+
 def tiers_why(inner):
     """None when `"jax-tiers"` runs `inner` exactly and is preferred: a
     hard `Why` when its equations are not the layer's
-    (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN."""
+    (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN,
+    or is an LSTM that Keras may run on cuDNN (a GPU; JAX has no cuDNN GRU,
+    so a GRU runs the tiers there)."""
     text = jax_tiers.equations_why(inner)
     if text is not None:
         return Why(text)
     if getattr(inner, "use_cudnn", "auto") is True:
         return _USE_CUDNN_TRUE
+    if (
+        type(inner) is keras.layers.LSTM
+        and inner.use_cudnn is not False
+        and has_fused_rnn_kernel()
+    ):
+        return _KERAS_CUDNN_LSTM
     return None
 
 
@@ -198,9 +215,13 @@ def describe(way, inner, want_states, options):
 
 
 def run_fused(way, inners, x, steps, initial_states, training, want_states):
-    """Every direction of a call in one `jax_fused.lstm` call
-    (`maskedrnn.backends`' one-call interface): cuDNN on a CUDA GPU, its
-    reference `lstm_ref` elsewhere. Outputs are zeros at padded positions."""
+    """Every direction of a call in one call (`maskedrnn.backends`' one-call
+    interface): `"jax-fused"`, one `jax_fused.lstm` call (cuDNN on a CUDA
+    GPU, its reference `lstm_ref` elsewhere; outputs zeros at padded
+    positions), or `"jax-tiers"`, one tiered recurrence
+    (`jax_tiers.run_fused`)."""
+    if way == TIERS:
+        return jax_tiers.run_fused(inners, x, steps, initial_states, want_states)
     if way != FUSED:
         raise NotImplementedError(f"{way!r} is not a one-call way of JAX")
     weights = [jax_fused.cell_weights(inner) for inner in inners]
@@ -227,5 +248,6 @@ def run(way, inner, x, initial_state, training, steps, want_states):
         )
         return y, states[0] if want_states else []
     if way == TIERS:
-        return jax_tiers.run(inner, x, steps.lengths, initial_state)
+        y, states = jax_tiers.run(inner, x, steps.lengths, initial_state)
+        return y, states if want_states else []
     return keras_ways.run(way, inner, x, initial_state, training, steps)

@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import keras
 from jax import lax
 
+from maskedrnn import ops as mops
+
 WAY = "jax-tiers"
 # Row groups per direction (see the module docstring; measured, bench).
 TIERS = 4
@@ -85,7 +87,8 @@ def describe(inner):
         f"length, each of {TIERS} row groups leaving the recurrence once its "
         "longest row has ended (padded steps skipped, no host sync), exact "
         "final states carried to each row's last valid step, its own "
-        "gradient (jax.custom_vjp)"
+        "gradient (jax.custom_vjp); the directions of a call stacked in one "
+        "recurrence"
     )
 
 
@@ -125,43 +128,128 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
     Args:
         inner: A built Keras `LSTM`, `GRU` or `SimpleRNN` (`equations_why`
             None).
-        x: Float `(batch, time, features)` in the compute dtype, valid-first,
-            finite at padded positions (the callers zero them).
+        x: Float `(batch, time, features)`, valid-first, finite at padded
+            positions (the callers zero them).
         lengths: Int `(batch,)`, each row's valid steps, in `[0, time]`.
         initial_state: List of `(batch, units)` states (`[h, c]` for an
             LSTM, `[h]` otherwise).
         tiers: Static number of row groups (at most `batch`).
 
     Returns:
-        `(outputs, states)`: outputs `(batch, time, units)`, at valid step
-        `t` the output after steps `0..t`; at padded steps unspecified
-        finite values (their gradient is dropped: callers never read them).
-        `states`: the list of states after each row's last valid step (the
-        initial state for a row of length 0).
+        `(outputs, states)`: outputs `(batch, time, units)` in the layer's
+        compute dtype, at valid step `t` the output after steps `0..t`; at
+        padded steps unspecified finite values (their gradient is dropped:
+        callers never read them). `states`: the list of states after each
+        row's last valid step (the initial state for a row of length 0).
     """
-    dtype = keras.backend.standardize_dtype(inner.cell.compute_dtype)
-    x = jnp.asarray(x).astype(dtype)
-    batch, time = x.shape[0], x.shape[1]
-    states = [jnp.asarray(s).astype(dtype) for s in initial_state]
+    (y,), (states,) = run_directions([inner], [x], lengths, [initial_state], tiers)
+    return y, states
+
+
+def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
+    """Every direction of a call in one tiered recurrence, the directions
+    stacked on a leading axis of the weights (`maskedrnn.backends`' one-call
+    interface): `inners` `[forward]` or `[forward, backward]` of the same
+    type, units and compute dtype (`same_shapes_why`); the backward one
+    reads each row's valid steps last to first (`steps.reverse`)."""
+    xs = [x]
+    if len(inners) == 2:
+        xs.append(mops.gather_time(x, steps.reverse))
+    batch = x.shape[0]
+    initial = [
+        s
+        if s is not None
+        else [
+            jnp.zeros((batch, inner.cell.units), _dtype(inner))
+            for _ in range(2 if type(inner) is keras.layers.LSTM else 1)
+        ]
+        for s, inner in zip(initial_states, inners)
+    ]
+    ys, states = run_directions(inners, xs, steps.lengths, initial, tiers)
+    if len(inners) == 2:
+        ys[1] = mops.gather_time(ys[1], steps.reverse)
+    y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
+    return y, [list(s) if want_states else [] for s in states]
+
+
+def same_shapes_why(inners):
+    """None when the directions `inners` can run stacked in one recurrence
+    (the same RNN type, units, compute dtype and GRU `reset_after`), else a
+    sentence saying why not."""
+    first = inners[0]
+    for other in inners[1:]:
+        if (
+            type(other) is not type(first)
+            or other.cell.units != first.cell.units
+            or _dtype(other) != _dtype(first)
+            or _kind(other) != _kind(first)
+        ):
+            return (
+                "the two directions differ in RNN type, units, dtype or "
+                "reset_after, and one tiered recurrence runs directions of "
+                "one shape"
+            )
+    return None
+
+
+def _dtype(inner):
+    return keras.backend.standardize_dtype(inner.cell.compute_dtype)
+
+
+def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
+    """`run` for one or more directions at once (`same_shapes_why` None),
+    each reading its own valid-first `xs[i]` from `initial_states[i]`:
+    `(outputs, states)`, one entry per direction."""
+    dtype = _dtype(inners[0])
+    x_all = jnp.stack([jnp.asarray(x).astype(dtype) for x in xs])
+    batch, time = x_all.shape[1], x_all.shape[2]
+    states = [[jnp.asarray(s).astype(dtype) for s in i] for i in initial_states]
     if batch == 0 or time == 0:
-        return jnp.zeros((batch, time, inner.cell.units), dtype), states
+        units = inners[0].cell.units
+        return [jnp.zeros((batch, time, units), dtype) for _ in inners], states
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     # Longest first (stable), and the inverse permutation to put rows back.
     order = jnp.argsort(-lengths, stable=True)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(batch, dtype=order.dtype))
-    x_tm = jnp.swapaxes(jnp.take(x, order, axis=0), 0, 1)
-    sorted_states = tuple(jnp.take(s, order, axis=0) for s in states)
-    params = _weights(inner, dtype)
-    ys, finals = _tiers(
-        _kind(inner),
-        min(tiers, batch),
-        x_tm,
-        jnp.take(lengths, order),
-        sorted_states,
-        params,
+    # (time, directions, batch, features), rows sorted.
+    x_tm = jnp.transpose(jnp.take(x_all, order, axis=1), (2, 0, 1, 3))
+    sorted_states = tuple(
+        jnp.stack([jnp.take(s[k], order, axis=0) for s in states])
+        for k in range(len(states[0]))
     )
-    y = jnp.take(jnp.swapaxes(ys, 0, 1), inverse, axis=0)
-    return y, [jnp.take(s, inverse, axis=0) for s in finals]
+    kind = _kind(inners[0])
+    params = _stacked_weights(inners, kind, dtype)
+    ys, finals = _tiers(
+        kind, min(tiers, batch), x_tm, jnp.take(lengths, order), sorted_states, params
+    )
+    outputs = [
+        jnp.take(jnp.swapaxes(ys[:, d], 0, 1), inverse, axis=0)
+        for d in range(len(inners))
+    ]
+    finals = [
+        [jnp.take(s[d], inverse, axis=0) for s in finals] for d in range(len(inners))
+    ]
+    return outputs, finals
+
+
+def _stacked_weights(inners, kind, dtype):
+    """The directions' `(kernel, recurrent_kernel, bias)` stacked on a
+    leading axis, the bias `(directions, 1, gates)` (a reset-after GRU's
+    `(2, directions, 1, gates)`: input bias, recurrent bias)."""
+    weights = [_weights(inner, dtype) for inner in inners]
+    kernel = jnp.stack([w[0] for w in weights])
+    recurrent = jnp.stack([w[1] for w in weights])
+    bias = jnp.stack([w[2] for w in weights])
+    if kind == ("gru", True):
+        bias = jnp.transpose(bias, (1, 0, 2))[:, :, None]
+    else:
+        bias = bias[:, None]
+    return kernel, recurrent, bias
+
+
+def _t(matrix):
+    """The transpose of each matrix of a stack."""
+    return jnp.swapaxes(matrix, -1, -2)
 
 
 def _groups(batch, tiers):
@@ -203,16 +291,16 @@ def _step(kind, params, x_t, states):
     if kind[1]:
         xz = x_t @ kernel + bias[0]
         hz = h @ recurrent + bias[1]
-        z = jax.nn.sigmoid(xz[:, :units] + hz[:, :units])
-        r = jax.nn.sigmoid(xz[:, units : 2 * units] + hz[:, units : 2 * units])
-        hh = jnp.tanh(xz[:, 2 * units :] + r * hz[:, 2 * units :])
+        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
+        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
+        hh = jnp.tanh(xz[..., 2 * units :] + r * hz[..., 2 * units :])
     else:
         xz = x_t @ kernel + bias
-        hz = h @ recurrent[:, : 2 * units]
-        z = jax.nn.sigmoid(xz[:, :units] + hz[:, :units])
-        r = jax.nn.sigmoid(xz[:, units : 2 * units] + hz[:, units:])
-        q = (r * h) @ recurrent[:, 2 * units :]
-        hh = jnp.tanh(xz[:, 2 * units :] + q)
+        hz = h @ recurrent[..., : 2 * units]
+        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
+        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units:])
+        q = (r * h) @ recurrent[..., 2 * units :]
+        hh = jnp.tanh(xz[..., 2 * units :] + q)
         hz = jnp.concatenate([hz, q], axis=-1)
     return (z * h + (1 - z) * hh,), (xz, hz)
 
@@ -244,32 +332,32 @@ def _step_back(kind, params, d_states, saved, prev, new):
             ],
             axis=-1,
         )
-        return (dz @ recurrent.T, dc * f), dz
+        return (dz @ _t(recurrent), dc * f), dz
     if kind[0] == "rnn":
         (dh,) = d_states
         h = new[0]
         dz = dh * (1 - h * h)
-        return (dz @ recurrent.T,), dz
+        return (dz @ _t(recurrent),), dz
     (dh,) = d_states
     h_prev = prev[0]
     xz, hz = saved
     units = h_prev.shape[-1]
-    z = jax.nn.sigmoid(xz[:, :units] + hz[:, :units])
-    r = jax.nn.sigmoid(xz[:, units : 2 * units] + hz[:, units : 2 * units])
-    rec_h = hz[:, 2 * units :]
-    pre_h = xz[:, 2 * units :] + (r * rec_h if kind[1] else rec_h)
+    z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
+    r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
+    rec_h = hz[..., 2 * units :]
+    pre_h = xz[..., 2 * units :] + (r * rec_h if kind[1] else rec_h)
     hh = jnp.tanh(pre_h)
     da = dh * (1 - z) * (1 - hh * hh)
     dz = dh * (h_prev - hh) * z * (1 - z)
     d_prev = dh * z
     if kind[1]:
         dr = da * rec_h * r * (1 - r)
-        d_prev = d_prev + jnp.concatenate([dz, dr, da * r], axis=-1) @ recurrent.T
+        d_prev = d_prev + jnp.concatenate([dz, dr, da * r], axis=-1) @ _t(recurrent)
     else:
-        ds = da @ recurrent[:, 2 * units :].T
+        ds = da @ _t(recurrent[..., 2 * units :])
         dr = ds * h_prev * r * (1 - r)
         d_zr = jnp.concatenate([dz, dr], axis=-1)
-        d_prev = d_prev + ds * r + d_zr @ recurrent[:, : 2 * units].T
+        d_prev = d_prev + ds * r + d_zr @ _t(recurrent[..., : 2 * units])
     return (d_prev,), jnp.concatenate([dz, dr, da], axis=-1)
 
 
@@ -282,11 +370,11 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
     # At least float32 (float64 stays float64).
     acc = jnp.promote_types(x_tm.dtype, jnp.float32)
     f32 = functools.partial(jnp.einsum, preferred_element_type=acc)
-    dx = f32("tbg,dg->tbd", d_pre, kernel).astype(x_tm.dtype)
-    d_kernel = f32("tbd,tbg->dg", x_tm, d_pre)
-    d_in_bias = jnp.sum(d_pre, axis=(0, 1), dtype=acc)
+    dx = f32("tebg,edg->tebd", d_pre, kernel).astype(x_tm.dtype)
+    d_kernel = f32("tebd,tebg->edg", x_tm, d_pre)
+    d_in_bias = jnp.sum(d_pre, axis=(0, 2), dtype=acc)[:, None]
     if kind[0] != "gru":
-        d_rec = f32("tbu,tbg->ug", h_prev, d_pre)
+        d_rec = f32("tebu,tebg->eug", h_prev, d_pre)
         return dx, d_kernel, d_rec, d_in_bias
     xz, hz = saved
     units = h_prev.shape[-1]
@@ -294,11 +382,12 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
     d_zr, da = d_pre[..., : 2 * units], d_pre[..., 2 * units :]
     if kind[1]:
         d_hz = jnp.concatenate([d_zr, da * r], axis=-1)
-        d_rec = f32("tbu,tbg->ug", h_prev, d_hz)
-        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(0, 1), dtype=acc)])
+        d_rec = f32("tebu,tebg->eug", h_prev, d_hz)
+        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(0, 2), dtype=acc)[:, None]])
         return dx, d_kernel, d_rec, d_bias
     d_rec = jnp.concatenate(
-        [f32("tbu,tbg->ug", h_prev, d_zr), f32("tbu,tbg->ug", r * h_prev, da)], axis=-1
+        [f32("tebu,tebg->eug", h_prev, d_zr), f32("tebu,tebg->eug", r * h_prev, da)],
+        axis=-1,
     )
     return dx, d_kernel, d_rec, d_in_bias
 
@@ -310,14 +399,15 @@ def _forward(kind, tiers, x_tm, lengths, states, params, save):
     """Runs the phases; `(outputs, final_states, buffers)`: outputs
     `(time, batch, units)`; with `save`, `buffers` holds every state and the
     saved pre-activations of every step run (zeros elsewhere)."""
-    time, batch = x_tm.shape[0], x_tm.shape[1]
+    time, batch = x_tm.shape[0], x_tm.shape[2]
     rows = _groups(batch, tiers)
     dtype = x_tm.dtype
 
     def zeros_like_step(n):
         # Shapes of one step's outputs on n rows, for the buffers.
         return jax.eval_shape(
-            lambda s: _step(kind, params, x_tm[0, :n], s), tuple(s[:n] for s in states)
+            lambda s: _step(kind, params, x_tm[0, :, :n], s),
+            tuple(s[:, :n] for s in states),
         )
 
     state_shapes, saved_shapes = zeros_like_step(batch)
@@ -336,7 +426,7 @@ def _forward(kind, tiers, x_tm, lengths, states, params, save):
 
         def body(t, loop, n=n, live=live):
             state, bufs, saved_bufs = loop
-            new, saved = _step(kind, params, x_tm[t, :n], state)
+            new, saved = _step(kind, params, x_tm[t, :, :n], state)
             keep = t < live
             new = tuple(jnp.where(keep, a, b) for a, b in zip(new, state))
             bufs = tuple(
@@ -350,11 +440,13 @@ def _forward(kind, tiers, x_tm, lengths, states, params, save):
                 )
             return new, bufs, saved_bufs
 
-        part = tuple(s[:n] for s in carry)
+        part = tuple(s[:, :n] for s in carry)
         part, buf_states, buf_saved = lax.fori_loop(
             start, stop, body, (part, buf_states, buf_saved)
         )
-        carry = tuple(jnp.concatenate([p, s[n:]], axis=0) for p, s in zip(part, carry))
+        carry = tuple(
+            jnp.concatenate([p, s[:, n:]], axis=1) for p, s in zip(part, carry)
+        )
     return buf_states[0], carry, (buf_states, buf_saved)
 
 
@@ -376,7 +468,7 @@ def _tiers_fwd(kind, tiers, x_tm, lengths, states, params):
 def _tiers_bwd(kind, tiers, residuals, cotangents):
     x_tm, lengths, states, params, (buf_states, buf_saved) = residuals
     d_ys, d_finals = cotangents
-    batch = x_tm.shape[1]
+    batch = x_tm.shape[2]
     rows = _groups(batch, tiers)
     dtype = x_tm.dtype
     d_pre_shape = jax.eval_shape(
@@ -395,10 +487,10 @@ def _tiers_bwd(kind, tiers, residuals, cotangents):
     def state_at(t, n):
         # The states after step t - 1 (the initial ones before step 0).
         prev = tuple(
-            lax.dynamic_index_in_dim(b, jnp.maximum(t - 1, 0), 0, keepdims=False)[:n]
+            lax.dynamic_index_in_dim(b, jnp.maximum(t - 1, 0), 0, keepdims=False)[:, :n]
             for b in buf_states
         )
-        return tuple(jnp.where(t > 0, p, s[:n]) for p, s in zip(prev, states))
+        return tuple(jnp.where(t > 0, p, s[:, :n]) for p, s in zip(prev, states))
 
     # The gradients of the inputs (a buffer) and of the weights (sums).
     shapes = jax.eval_shape(
@@ -423,21 +515,21 @@ def _tiers_bwd(kind, tiers, residuals, cotangents):
             d_state, grads = loop
             t = stop - 1 - i
             keep = t < live
-            dy = lax.dynamic_index_in_dim(d_ys, t, 0, keepdims=False)[:n]
+            dy = lax.dynamic_index_in_dim(d_ys, t, 0, keepdims=False)[:, :n]
             d_in = (d_state[0] + jnp.where(keep, dy, 0),) + d_state[1:]
             saved = jax.tree.map(
-                lambda b: lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:n],
+                lambda b: lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:, :n],
                 buf_saved,
             )
             new = tuple(
-                lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:n]
+                lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:, :n]
                 for b in buf_states
             )
             prev = state_at(t, n)
             d_prev, d_pre = _step_back(kind, params, d_in, saved, prev, new)
             d_state = tuple(jnp.where(keep, a, b) for a, b in zip(d_prev, d_state))
             d_pre = jnp.where(keep, d_pre, 0)
-            x_t = lax.dynamic_index_in_dim(x_tm, t, 0, keepdims=True)[:, :n]
+            x_t = lax.dynamic_index_in_dim(x_tm, t, 0, keepdims=True)[:, :, :n]
             dx, *dw = _step_grads(
                 kind,
                 params,
@@ -449,9 +541,11 @@ def _tiers_bwd(kind, tiers, residuals, cotangents):
             dx_buf = lax.dynamic_update_slice_in_dim(grads[0], dx, t, 0)
             return d_state, (dx_buf,) + tuple(a + b for a, b in zip(grads[1:], dw))
 
-        part = tuple(d[:n] for d in carry)
+        part = tuple(d[:, :n] for d in carry)
         part, grads = lax.fori_loop(0, stop - start, body, (part, grads))
-        carry = tuple(jnp.concatenate([p, d[n:]], axis=0) for p, d in zip(part, carry))
+        carry = tuple(
+            jnp.concatenate([p, d[:, n:]], axis=1) for p, d in zip(part, carry)
+        )
     dx, d_kernel, d_rec, d_bias = grads
     d_params = tuple(
         d.astype(p.dtype) for d, p in zip((d_kernel, d_rec, d_bias), params)
