@@ -7,6 +7,8 @@ padding pattern of `maskedrnn.bench.config.edge_mask` and on batches whose
 rows end at many different steps (so that every tier boundary is crossed).
 """
 
+import contextlib
+
 import keras
 import numpy as np
 import pytest
@@ -129,25 +131,34 @@ def test_run_on_edge_mask_lengths(kind):
 _ORACLE_KINDS = ["lstm", "gru", "simple"]
 
 
+def _tiers(kind):
+    """The tiers' block: the default plan for an LSTM or GRU on a JAX CPU,
+    forced for a SimpleRNN (which runs Keras' masked loop there)."""
+    if kind == "simple":
+        return backends.force("jax-tiers")
+    return contextlib.nullcontext()
+
+
 @pytest.mark.parametrize("merge_mode", ["concat", "sum", "mul", "ave", None])
 @pytest.mark.parametrize("kind", _ORACLE_KINDS)
 def test_bidirectional_every_merge_mode(kind, merge_mode):
-    """`MaskedBidirectional` runs the tiers by default on a JAX CPU and
-    equals Keras' masked `Bidirectional` on every pattern of `edge_mask`:
-    outputs, states and gradients."""
+    """`MaskedBidirectional` on the tiers (the default on a JAX CPU for an
+    LSTM or GRU; forced for a SimpleRNN) equals Keras' masked
+    `Bidirectional` on every pattern of `edge_mask`: outputs, states and
+    gradients."""
     if merge_mode is not None and kind != "lstm":
         pytest.skip("merge modes: checked on the LSTM")
     ours, ref = oracle_pair(
         kind, U, D, return_sequences=True, return_state=True, merge_mode=merge_mode
     )
     x = np.random.default_rng(0).standard_normal((6, 7, D)).astype("float32")
-    with backends.record() as plans:
+    with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK)
+        grads = loss_and_grads(ours, x, mask=MASK)[1]
     assert [d.way for d in plans[0].directions] == ["jax-tiers"] * 2
+    assert plans[0].route == "fused"
     assert_close(got, ref(x, mask=MASK))
-    assert_close(
-        loss_and_grads(ours, x, mask=MASK)[1], loss_and_grads(ref, x, mask=MASK)[1]
-    )
+    assert_close(grads, loss_and_grads(ref, x, mask=MASK)[1])
 
 
 @pytest.mark.parametrize("go_backwards", [False, True])
@@ -176,7 +187,7 @@ def test_rnn_go_backwards_initial_state(kind, go_backwards):
     # backends), so outputs are compared where a valid step was read.
     read = MASK[:, ::-1] if go_backwards else MASK
     started = np.cumsum(read, axis=1) > 0
-    with backends.record() as plans:
+    with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK, initial_state=states)
     assert plans[0].way() == "jax-tiers"
     assert_close(got[0] * started[..., None], want[0] * started[..., None])
@@ -195,7 +206,8 @@ def test_rnn_go_backwards_initial_state(kind, go_backwards):
             jnp.sum(jnp.sin(s) * (i + 1)) for i, s in enumerate(final)
         )
 
-    got = jax.grad(lambda x, s: loss(ours, x, s), argnums=(0, 1))(x, states)
+    with _tiers(kind):
+        got = jax.grad(lambda x, s: loss(ours, x, s), argnums=(0, 1))(x, states)
     want = jax.grad(lambda x, s: loss(ref, x, s), argnums=(0, 1))(x, states)
     assert_close(jax.tree.leaves(got), jax.tree.leaves(want))
 
@@ -213,8 +225,9 @@ def test_mixed_precision(kind, policy, atol):
     finally:
         keras.config.set_dtype_policy("float32")
     x = np.random.default_rng(0).standard_normal((6, 7, D)).astype("float32")
-    with backends.record() as plans:
+    with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK)
+        got_grads = loss_and_grads(ours, x, mask=MASK)[1]
     assert plans[0].way() == "jax-tiers"
     want = ref(x, mask=MASK)
     assert str(got[0].dtype) == policy.split("_")[1]
@@ -224,7 +237,6 @@ def test_mixed_precision(kind, policy, atol):
         atol=atol,
         rtol=atol,
     )
-    got_grads = loss_and_grads(ours, x, mask=MASK)[1]
     want_grads = loss_and_grads(ref, x, mask=MASK)[1]
     for g, w in zip(got_grads, want_grads):
         scale = max(1.0, float(np.max(np.abs(w))))
@@ -275,7 +287,7 @@ for kind in ("LSTM", "GRU", "SimpleRNN"):
         out, _ = ours.stateless_call(w, fixed, x, mask=mask)
         return loss(out), out
     w = [v.value for v in ours.trainable_variables]
-    with backends.record() as plans:
+    with backends.force("jax-tiers"), backends.record() as plans:
         (lo, out), g = jax.value_and_grad(our_loss, (0, 1), has_aux=True)(w, x)
     assert plans[0].way() == "jax-tiers", plans[0].info()
     want = reference(kind, w, x)
@@ -418,3 +430,14 @@ def test_no_host_sync_and_static_shapes():
     assert "callback" not in text and "host" not in text
     y, (h,) = jax.jit(f)(x, LENGTHS)
     assert y.shape == (len(LENGTHS), x.shape[1], U) and h.shape == (len(LENGTHS), U)
+
+
+def test_simple_rnn_on_a_cpu_runs_keras_masked_loop():
+    """A SimpleRNN on a JAX CPU runs Keras' masked loop (its step is too
+    small for the tiers to gain there); the tiers stay forceable."""
+    layer = MaskedRNN(keras.layers.SimpleRNN(U, return_sequences=True))
+    layer.build((None, None, D))
+    plan = backends.plan({"layer": layer.layer}, None, False)
+    assert plan.way() == "keras-masked"
+    why = dict(plan.directions[0].options)["jax-tiers"]
+    assert not why.hard and "SimpleRNN's step" in str(why)

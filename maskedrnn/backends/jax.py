@@ -18,12 +18,14 @@ exact final `[h, c]`. Elsewhere the way is forceable and runs
 same equations; slower than Keras' loop on a CPU, so not the default
 there).
 
-An LSTM, GRU or SimpleRNN elsewhere runs `"jax-tiers"`
+An LSTM, GRU or SimpleRNN elsewhere may run `"jax-tiers"`
 (`maskedrnn.backends.jax_tiers`): its rows sorted by length and run in
 length tiers, so padded steps are computed only until a tier's longest row
-ends, with exact final states and its own gradient; the default on a CPU,
-and for a GRU or SimpleRNN on a GPU (JAX has no cuDNN GRU). What it does
-not compute exactly (`jax_tiers.equations_why`) runs Keras' layer.
+ends, with exact final states and its own gradient; the default for an
+LSTM or GRU on a CPU, and for a GRU or SimpleRNN on a GPU (JAX has no
+cuDNN GRU). A SimpleRNN on a CPU runs Keras' masked loop, its step being
+too small for the tiers to gain. What the tiers do not compute exactly
+(`jax_tiers.equations_why`) runs Keras' layer.
 """
 
 import jax
@@ -159,17 +161,26 @@ _KERAS_CUDNN_LSTM = soft(
 )
 
 
+_SIMPLE_RNN_CPU = soft(
+    "a SimpleRNN's step is one small matmul: on a CPU the tiers' per-step "
+    "bookkeeping and reordering cost what the skipped steps save, so "
+    "Keras' masked loop runs it there"
+)
+
+
 def tiers_why(inner):
     """None when `"jax-tiers"` runs `inner` exactly and is preferred: a
     hard `Why` when its equations are not the layer's
     (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN,
-    or is an LSTM that Keras may run on cuDNN (a GPU; JAX has no cuDNN GRU,
-    so a GRU runs the tiers there)."""
+    is an LSTM that Keras may run on cuDNN (a GPU; JAX has no cuDNN GRU,
+    so a GRU runs the tiers there), or is a SimpleRNN on a CPU."""
     text = jax_tiers.equations_why(inner)
     if text is not None:
         return Why(text)
     if getattr(inner, "use_cudnn", "auto") is True:
         return _USE_CUDNN_TRUE
+    if type(inner) is keras.layers.SimpleRNN and not has_fused_rnn_kernel():
+        return _SIMPLE_RNN_CPU
     if (
         type(inner) is keras.layers.LSTM
         and inner.use_cudnn is not False
