@@ -141,6 +141,15 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
         padded steps unspecified finite values (their gradient is dropped:
         callers never read them). `states`: the list of states after each
         row's last valid step (the initial state for a row of length 0).
+
+    Example:
+
+    ```python
+    gru = keras.layers.GRU(8)
+    gru.build((None, None, 4))
+    x = np.zeros((3, 5, 4), "float32")  # valid-first, zeros at padding
+    y, [h] = run(gru, x, np.array([5, 2, 0]), [np.zeros((3, 8), "float32")])
+    ```
     """
     (y,), (states,) = run_directions([inner], [x], lengths, [initial_state], tiers)
     return y, states
