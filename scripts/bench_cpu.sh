@@ -42,6 +42,12 @@ BIG="--batch 64 --time 200 --features 128 --units 128 --lengths uniform:0.2
 BIG=${BIG//$'\n'/ }
 RUNS[tensorflow-lstm-b64-t200-u128]="tensorflow $BIG"
 RUNS[tensorflow-lstm-b64-t200-u128-state]="tensorflow $BIG --return-state"
+# On a JAX CPU a SimpleRNN runs Keras' masked loop: its tiers timed forced.
+RUNS[jax-rnn-simplernn]+=" --way jax-tiers"
+RUNS[jax-rnn-simplernn-state]+=" --way jax-tiers"
+# JAX's length tiers: the larger size, and the bidirectional GRU with states.
+RUNS[jax-lstm-b64-t200-u128]="jax $BIG"
+RUNS[jax-gru-state]="jax ${SIZES[*]} --cell gru --return-state"
 names=("$@")
 if [ "${names[*]:-}" = rnn ]; then
   names=()
@@ -58,7 +64,8 @@ if [ ${#names[@]} = 0 ]; then
     done
     names+=("$b-rnn-simplernn" "$b-rnn-simplernn-state")
   done
-  names+=(tensorflow-lstm-b64-t200-u128 tensorflow-lstm-b64-t200-u128-state)
+  names+=(tensorflow-lstm-b64-t200-u128 tensorflow-lstm-b64-t200-u128-state
+          jax-lstm-b64-t200-u128 jax-gru-state)
 fi
 status=0
 for name in "${names[@]}"; do

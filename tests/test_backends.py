@@ -37,10 +37,9 @@ default (`maskedrnn.backends.tensorflow_block_lstm`), and a GRU Keras'
 equations in length tiers (`maskedrnn.backends.tensorflow_cells`): no Keras
 RNN function runs at all, and a spy on that runner sees both inner layers.
 
-On a JAX CPU ours runs Keras' masked loop by default (JAX has no fused
-kernel there, `maskedrnn.backends.jax.cpu_why`, specified in
-tests/test_kernels.py): the default run checks that the inner layers get
-the caller's mask there.
+On a JAX CPU ours runs its length tiers by default
+(`maskedrnn.backends.jax_tiers`): no Keras RNN function runs at all, and a
+spy on the tiers' runner sees both inner layers.
 
 Every eager test runs twice: with the default plan, and with Keras' inner
 layers forced to run unmasked (`maskedrnn.backends.force("keras-unmasked")`,
@@ -107,9 +106,9 @@ def native_kernels_here():
 
 def default_kernels(cell=None):
     """What ours runs here by default for `cell` ("lstm" or "gru"):
-    "native" (PyTorch's kernels, torch on CPU), "masked_loop" (Keras'
-    masked loop, a JAX CPU), "block_lstm" (TensorFlow's `BlockLSTMV2`, an
-    LSTM on a TensorFlow CPU), "tiers" (the length tiers of
+    "native" (PyTorch's kernels, torch on CPU), "jax_tiers" (JAX's length
+    tiers, a JAX CPU), "block_lstm" (TensorFlow's `BlockLSTMV2`, an LSTM on
+    a TensorFlow CPU), "tiers" (the length tiers of
     `maskedrnn.backends.tensorflow_cells`, a GRU on a TensorFlow CPU) or
     "keras_layers" (Keras' unmasked inner layers)."""
     if native_kernels_here():
@@ -119,7 +118,7 @@ def default_kernels(cell=None):
     if BACKEND == "tensorflow" and cell == "gru" and not _gpu_here():
         return "tiers"
     if BACKEND == "jax" and not _gpu_here():
-        return "masked_loop"
+        return "jax_tiers"
     return "keras_layers"
 
 
@@ -144,6 +143,8 @@ class Spy:
         def spy(*args, **kwargs):
             bound = signature.bind(*args, **kwargs)
             inner = bound.arguments.get("inner")
+            # JAX's tiers take the list of directions: the first's kernel.
+            inner = inner or (bound.arguments.get("inners") or [None])[0]
             data = bound.arguments.get("inputs", bound.arguments.get("x"))
             call = {
                 "device": str(getattr(data, "device", "")),
@@ -197,6 +198,11 @@ def spies(monkeypatch):
         from maskedrnn.backends import tensorflow_cells
 
         spies["tiers"] = Spy(monkeypatch, "run", tensorflow_cells)
+    if BACKEND == "jax":
+        # Looked up as `run_directions` in its module at call time.
+        from maskedrnn.backends import jax_tiers
+
+        spies["jax_tiers"] = Spy(monkeypatch, "run_directions", jax_tiers)
     return spies
 
 
@@ -245,23 +251,24 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
     Keras RNN function runs at all; the same with `kernels="block_lstm"`
     (one `BlockLSTMV2` run per direction and call) and `kernels="tiers"`
     (one run of the GRU's length tiers per direction and call). With
-    `kernels="masked_loop"`: Keras' masked loop runs both directions, each
-    handed a mask."""
+    `kernels="jax_tiers"`: JAX's length tiers run both directions at once,
+    and no Keras RNN function runs. With `kernels="masked_loop"`: Keras'
+    masked loop runs both directions, each handed a mask."""
     inner = (ours.forward_layer, ours.backward_layer)
     if "block" in spies and kernels != "block_lstm":
         assert spies["block"].calls == []
     if "tiers" in spies and kernels != "tiers":
         assert spies["tiers"].calls == []
-    if kernels == "masked_loop":
-        assert spies["rnn"].masks() and all(
-            m is not None for m in spies["rnn"].masks()
-        )
-        fused = spies[cell]
-        assert fused.outcomes() == ["NotImplementedError"] * len(fused.calls)
-        assert len(spies["rnn"].calls) == len(fused.calls)
-        assert {id(c["kernel"]) for c in spies[cell].calls} == {
-            id(layer.cell.kernel) for layer in inner
-        }
+    if "jax_tiers" in spies and kernels != "jax_tiers":
+        assert spies["jax_tiers"].calls == []
+    if kernels == "jax_tiers":
+        # Both directions in one tiered recurrence per call, no Keras RNN
+        # function on data.
+        tiers = spies["jax_tiers"].calls
+        assert tiers and tiers[0]["kernel"] is inner[0].cell.kernel
+        assert spies["jax_tiers"].outcomes() == ["computed"] * len(tiers)
+        for name in ("lstm", "gru", "rnn"):
+            assert spies[name].calls == [], f"backend.{name} ran"
         return
     if kernels in ("native", "block_lstm", "tiers"):
         native = spies[{"block_lstm": "block"}.get(kernels, kernels)]

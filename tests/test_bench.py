@@ -35,21 +35,14 @@ GPU = bench.gpu_available(BACKEND)
 GPU_CUDNN = GPU and BACKEND in ("torch", "jax")
 
 
-# On a JAX CPU ours runs every RNN in Keras' masked loop, handed the mask
-# (`maskedrnn.backends.jax.cpu_why`; JAX has no fused kernel there).
+# On a JAX CPU ours runs an LSTM, GRU or SimpleRNN in its length tiers
+# (`maskedrnn.backends.jax_tiers`): no Keras RNN function at all.
 JAX_CPU = BACKEND == "jax" and not GPU
 
 
 # On a TensorFlow CPU ours runs every LSTM on TensorFlow's fused BlockLSTMV2
 # (`maskedrnn.backends.tensorflow_block_lstm`).
 TF_CPU = BACKEND == "tensorflow" and not GPU
-
-
-def lstm_states_take_keras_masked_loop(cell):
-    """Whether ours runs Keras' masked loop for a layer returning states: an
-    LSTM on JAX without a GPU (`maskedrnn.backends.keras_ways.states_why`;
-    on a TensorFlow CPU the LSTM runs `BlockLSTMV2`)."""
-    return cell == "lstm" and BACKEND == "jax" and not GPU
 
 
 def assert_rows_match_oracles(rows):
@@ -66,17 +59,14 @@ def assert_rows_match_oracles(rows):
 
 def assert_state_layer_mask_use(ours, cell, directions):
     """Ours' kernel line for a 2-layer stack whose last layer returns states
-    (`directions` inner RNNs per layer): where an LSTM's states come from
-    Keras' masked loop (tests/test_kernels.py checks the mask it gets), the
-    last layer's RNNs run it with a mask and the first layer's without;
-    everywhere else no RNN gets a mask, except on a JAX CPU, where every
-    layer's RNNs run Keras' masked loop."""
-    if JAX_CPU:
+    (`directions` inner RNNs per layer): no RNN gets a mask; on a JAX CPU
+    no Keras RNN function runs at all (the length tiers), but a SimpleRNN's
+    layers run Keras' masked loop there."""
+    if JAX_CPU and cell == "rnn":
         assert f"backend.rnn computed, with a mask x{2 * directions}" in ours
         assert "no mask" not in ours
-    elif lstm_states_take_keras_masked_loop(cell):
-        assert f"backend.rnn computed, with a mask x{directions}" in ours
-        assert f"backend.rnn computed, no mask x{directions}" in ours
+    elif JAX_CPU:
+        assert "no Keras RNN function or native kernel called" in ours
     else:
         assert "with a mask" not in ours
 
@@ -203,8 +193,8 @@ def test_unmasked_ceilings_differ_on_padded_rows(lstm_run):
 
 
 def test_records_which_kernels_each_implementation_ran(lstm_run):
-    """Ours never hands a mask to an RNN kernel (but on a JAX CPU, where it
-    runs Keras' masked loop by design); Keras' masked layer does
+    """Ours never hands a mask to an RNN kernel (on a JAX CPU it calls none:
+    its length tiers run); Keras' masked layer does
     (and its fused kernel declines it). The oracle for the recorder itself
     is that contrast, plus PyTorch's own modules calling none of them.
     Device-aware: on CUDA/GPU ours and Keras' unmasked layer must reach
@@ -216,8 +206,8 @@ def test_records_which_kernels_each_implementation_ran(lstm_run):
         for name in ("maskedrnn", "maskedrnn_lengths"):
             row = rows[name, mode]
             if JAX_CPU:
-                # Keras' masked loop, handed the mask, as Keras' own layer.
-                assert "backend.rnn computed, with a mask x2" in row["kernels"]
+                # JAX's length tiers: no Keras RNN function, no kernel.
+                assert row["kernels"] == "no Keras RNN function or native kernel called"
                 assert row["cudnn"] == "not called", row
                 continue
             assert "with a mask" not in row["kernels"]

@@ -16,11 +16,15 @@ tests/test_final_state.py (the unmasked path with recomputed states).
   Keras could run cuDNN (a GPU, faked here), it runs unmasked.
 - Without `return_state`, and for GRU/SimpleRNN, nothing changes: no mask
   (on JAX with Keras' unmasked layer forced, `maskedrnn.backends.force`).
-- On a JAX CPU every LSTM, GRU and SimpleRNN runs Keras' masked loop as
-  above (JAX has no fused kernel there), with states or without, unless the
-  wrapped layer says `use_cudnn=True` or Keras sees a GPU (faked here).
+- On a JAX CPU an LSTM, GRU or SimpleRNN runs the length tiers
+  (`"jax-tiers"`, tests/test_jax_tiers.py); what they decline runs Keras'
+  masked loop as above (JAX has no fused kernel there), with states or
+  without, unless the wrapped layer says `use_cudnn=True` or Keras sees a
+  GPU (faked here). Keras' masked loop is forced to check it.
 - On torch on CPU, PyTorch's kernel runs on the packed valid steps only.
 """
+
+import contextlib
 
 import keras
 import numpy as np
@@ -76,8 +80,11 @@ def test_lstm_states_without_gpu_use_keras_masked_loop(wrapper, how):
 
 
 def _lstm_states_use_keras_masked_loop(wrapper, how):
+    # On JAX an LSTM the length tiers decline (another activation).
+    kw = {"activation": "relu"} if BACKEND == "jax" else {}
     ours, ref = oracle_pair(
-        "lstm", U, D, wrapper=wrapper, return_sequences=True, return_state=True
+        "lstm", U, D, wrapper=wrapper, return_sequences=True, return_state=True,
+        **kw,
     )
     inner = [ours.layer] if wrapper == "rnn" else [
         ours.forward_layer, ours.backward_layer
@@ -117,10 +124,9 @@ def test_without_states_or_for_gru_no_mask_reaches_the_inner_layer(kind):
         ours.build((None, None, D))
         seen = spy_masks([ours.layer])
         x = np.random.default_rng(1).standard_normal((B, T, D)).astype("float32")
-        # On a JAX CPU every layer runs Keras' masked loop by default
-        # (specified below), and on a TensorFlow CPU an LSTM runs
-        # `BlockLSTMV2`, a GRU the length tiers: the unmasked way is forced
-        # there.
+        # On a JAX CPU the length tiers run by default (no inner layer
+        # called), and on a TensorFlow CPU an LSTM runs `BlockLSTMV2`, a GRU
+        # the length tiers: the unmasked way is forced there.
         force = BACKEND in ("jax", "tensorflow")
         with backends.force("keras-unmasked" if force else None):
             ours(x, mask=left_padded_mask())
@@ -146,6 +152,10 @@ def test_use_cudnn_false_counts_as_no_fused_kernel(fake_gpu):
     layer = MaskedRNN(keras.layers.LSTM(U, return_state=True, use_cudnn=False))
     layer.build((None, None, D))
     plan = backends.plan({"layer": layer.layer}, layer.layer.cell.kernel, True)
+    if BACKEND == "jax":
+        # No cuDNN: the length tiers, which carry the exact states.
+        assert plan.way() == "jax-tiers"
+        return
     assert plan.way() == "keras-masked"
     assert "use_cudnn=False" in plan.info()["layer"]
 
@@ -171,7 +181,14 @@ def holes_mask():
 def test_jax_cpu_runs_keras_masked_loop_for_every_rnn(
     kind, wrapper, how, monkeypatch
 ):
-    """Outputs, states and gradients (inputs and every weight) equal Keras'
+    with backends.force("keras-masked"):
+        _keras_masked_loop_on_jax_cpu(kind, wrapper, how, monkeypatch)
+
+
+def _keras_masked_loop_on_jax_cpu(kind, wrapper, how, monkeypatch):
+    """Keras' masked loop on a JAX CPU (what runs what the length tiers
+    decline; forced here for every RNN): outputs, states and gradients
+    (inputs and every weight) equal Keras'
     masked layer; the inner RNNs get exactly the caller's mask or, with
     `lengths=`, the right-padded mask of the lengths (flipped for the
     backward direction, as Keras' `Bidirectional` flips it), on the data as
@@ -236,8 +253,10 @@ def test_bad_lengths_in_compiled_code_poison_their_rows_in_the_masked_loop(
     if keras_has_gpu():
         pytest.skip("a GPU is visible: the LSTM runs unmasked there")
     # On TensorFlow the masked loop runs where `BlockLSTMV2` does not: in
-    # `portable()` (the op's own check: tests/test_tf_block_lstm.py).
-    with backends.portable():
+    # `portable()` (the op's own check: tests/test_tf_block_lstm.py); on
+    # JAX where the length tiers do not (forced here).
+    masked = backends.force("keras-masked") if BACKEND == "jax" else None
+    with backends.portable(), masked or contextlib.nullcontext():
         _bad_lengths_poison_their_rows(wrapper)
 
 
@@ -276,7 +295,8 @@ def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
     assert jax_backend.cpu_why(auto.layer) is None
     plan = backends.plan({"layer": auto.layer}, auto.layer.cell.kernel, False)
-    assert plan.way() == "keras-unmasked"
+    # JAX has no cuDNN GRU: the length tiers on a GPU too.
+    assert plan.way() == "jax-tiers"
 
 
 def test_jax_cpu_rule_is_jax_only():
@@ -285,8 +305,8 @@ def test_jax_cpu_rule_is_jax_only():
     plan = backends.plan({"layer": layer.layer}, layer.layer.cell.kernel, False)
     sentence = plan.info()["layer"]
     on_jax_cpu = BACKEND == "jax" and not keras_has_gpu()
-    assert ("JAX has no fused RNN kernel" in sentence) == on_jax_cpu
-    assert (plan.way() == "keras-masked") == on_jax_cpu
+    assert ("in length tiers" in sentence) == on_jax_cpu
+    assert (plan.way() == "jax-tiers") == on_jax_cpu
 
 
 # ------------------------------------------------------------ torch, packed

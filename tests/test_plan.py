@@ -121,6 +121,10 @@ def test_kernel_info_says_what_ran(
         # Every direction in one kernel call.
         assert seen == [] and native == [] and fused == [_inners(ours)]
         assert ours.uses_fast_path
+    elif all("in length tiers" in s for s in sentences):
+        # JAX's length tiers: every direction in one tiered recurrence.
+        assert seen == [] and native == [] and fused == [_inners(ours)]
+        assert ours.uses_fast_path
     elif all("TensorFlow's fused LSTM kernel" in s for s in sentences):
         assert seen == [] and native == [] and block == _inners(ours)
         assert ours.uses_fast_path
@@ -336,8 +340,9 @@ def test_record_collects_the_plan_each_call_ran(way):
     assert len(outer) == 2 and len(inner) == 1 and inner[0] is outer[1]
     for plan, masks in zip(outer, handed):
         ways = [d.way for d in plan.directions]
-        if all(w.startswith("torch") or w == "tf-tiers" for w in ways):
-            assert masks == []  # no Keras layer called
+        if all(w.startswith("torch") or w in ("tf-tiers", "jax-tiers") for w in ways):
+            # No Keras layer called (PyTorch's kernels, the length tiers).
+            assert masks in ([], [False] * len(ways))
         else:
             assert masks == [w == "keras-masked" for w in ways]
         assert (plan.route == "masked_loop") == all(w == "keras-masked" for w in ways)

@@ -43,6 +43,10 @@ The ways, by name (`WAYS`):
   `jax.experimental.rnn.lstm` call (cuDNN's LSTM with per-row sequence
   lengths) over valid-first data (JAX, an LSTM; the default on a CUDA GPU,
   forceable elsewhere, where its reference `lstm_ref` runs);
+- `"jax-tiers"`: the rows of valid-first data sorted by length and run in
+  length tiers, each tier stopping at its longest row, with its own
+  gradient (JAX, an LSTM, GRU or SimpleRNN; the default on a CPU, and for a
+  GRU or SimpleRNN on a GPU);
 - `"tf-block-lstm"`: TensorFlow's fused LSTM kernel
   (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
   final states read from its per-step outputs (TensorFlow, an LSTM with
@@ -113,6 +117,7 @@ WAYS = (
     "torch-unpacked",
     "torch-fused",
     "jax-fused",
+    "jax-tiers",
     "tf-block-lstm",
     "tf-tiers",
     "keras-unmasked",

@@ -1,15 +1,13 @@
-"""The JAX backend: Keras' layers; without a GPU, Keras' masked loop for all.
+"""The JAX backend: cuDNN's LSTM on a GPU, length tiers, Keras' layers.
 
 JAX has no fused RNN kernel without a GPU: Keras' JAX backend reaches cuDNN
 only on one, and its unmasked GRU kernel (a `lax.scan` over input
 projections computed up front) runs slower than its generic loop on a CPU.
-So there every Keras RNN runs a `lax.scan` step loop, masked or not, at
-nearly the same cost: the mask adds a fused select per step, and ours'
-valid-first gathers and per-row reversals would cost extra on top
-(docs/benchmarks.md). Keras' masked loop on the caller's order is exact and
-does none of it (`cpu_why`), unless the wrapped layer says `use_cudnn=True`.
-An LSTM whose final states are wanted follows TensorFlow's rule
-(`keras_ways.states_why`).
+So there a Keras RNN that the length tiers (below) do not compute runs a
+`lax.scan` step loop, masked or not, at nearly the same cost: Keras' masked
+loop on the caller's order is exact and needs no valid-first reordering
+(`cpu_why`), unless the wrapped layer says `use_cudnn=True`. An LSTM whose
+final states are wanted follows TensorFlow's rule (`keras_ways.states_why`).
 
 On a CUDA GPU an LSTM runs `"jax-fused"` (`maskedrnn.backends.jax_fused`):
 both directions of a call in one `jax.experimental.rnn.lstm` call, cuDNN's
@@ -18,19 +16,29 @@ each row by its own length for the backward direction and returns the
 exact final `[h, c]`. Elsewhere the way is forceable and runs
 `jax.experimental.rnn.lstm_ref`, the pure-JAX reference of that call (the
 same equations; slower than Keras' loop on a CPU, so not the default
-there). A GRU has no such kernel in JAX: it runs Keras' layer.
+there).
+
+An LSTM, GRU or SimpleRNN elsewhere may run `"jax-tiers"`
+(`maskedrnn.backends.jax_tiers`): its rows sorted by length and run in
+length tiers, so padded steps are computed only until a tier's longest row
+ends, with exact final states and its own gradient; the default for an
+LSTM or GRU on a CPU, and for a GRU or SimpleRNN on a GPU (JAX has no
+cuDNN GRU). A SimpleRNN on a CPU runs Keras' masked loop, its step being
+too small for the tiers to gain. What the tiers do not compute exactly
+(`jax_tiers.equations_why`) runs Keras' layer.
 """
 
 import jax
 import keras
 from keras import ops
 
-from maskedrnn.backends import Why, jax_fused, keras_ways, soft
+from maskedrnn.backends import Why, jax_fused, jax_tiers, keras_ways, soft
 
 NAME = "jax"
 FUSED = "jax-fused"
-WAYS = (FUSED, "keras-unmasked", "keras-masked")
-FUSED_WAYS = (FUSED,)
+TIERS = jax_tiers.WAY
+WAYS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
+FUSED_WAYS = (FUSED, TIERS)
 
 layout = run_direction = keras_ways.no_caller_order_kernel
 scalar = keras_ways.scalar
@@ -129,8 +137,12 @@ def fused_option_why(inner):
 
 
 def fused_why(inners):
-    """None when `inners` can share one `"jax-fused"` call, else a hard
-    `Why` (one cuDNN call: the same units and compute dtype)."""
+    """None when `inners` can share one call of a one-call way, else a hard
+    `Why` (one cuDNN call, or one tiered recurrence: the same RNN type,
+    units and compute dtype)."""
+    text = jax_tiers.same_shapes_why(inners)
+    if text is not None:
+        return Why(text)
     first = inners[0].cell
     for other in inners[1:]:
         cell = other.cell
@@ -139,10 +151,50 @@ def fused_why(inners):
     return None
 
 
+_USE_CUDNN_TRUE = soft(
+    "the inner layer has use_cudnn=True, which asks for Keras' cuDNN kernel"
+)
+
+
+_KERAS_CUDNN_LSTM = soft(
+    "Keras' LSTM may run cuDNN here (a GPU), which is faster than the tiers"
+)
+
+
+_SIMPLE_RNN_CPU = soft(
+    "a SimpleRNN's step is one small matmul: on a CPU the tiers' per-step "
+    "bookkeeping and reordering cost what the skipped steps save, so "
+    "Keras' masked loop runs it there"
+)
+
+
+def tiers_why(inner):
+    """None when `"jax-tiers"` runs `inner` exactly and is preferred: a
+    hard `Why` when its equations are not the layer's
+    (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN,
+    is an LSTM that Keras may run on cuDNN (a GPU; JAX has no cuDNN GRU,
+    so a GRU runs the tiers there), or is a SimpleRNN on a CPU."""
+    text = jax_tiers.equations_why(inner)
+    if text is not None:
+        return Why(text)
+    if getattr(inner, "use_cudnn", "auto") is True:
+        return _USE_CUDNN_TRUE
+    if type(inner) is keras.layers.SimpleRNN and not has_fused_rnn_kernel():
+        return _SIMPLE_RNN_CPU
+    if (
+        type(inner) is keras.layers.LSTM
+        and inner.use_cudnn is not False
+        and has_fused_rnn_kernel()
+    ):
+        return _KERAS_CUDNN_LSTM
+    return None
+
+
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: the one-call cuDNN LSTM, Keras' unmasked
-    layer, else its masked loop (see the module docstring)."""
-    fused = [(FUSED, fused_option_why(inner))]
+    """`[(way, why)]`, best first: the one-call cuDNN LSTM, the length
+    tiers, Keras' unmasked layer, else its masked loop (see the module
+    docstring)."""
+    fused = [(FUSED, fused_option_why(inner)), (TIERS, tiers_why(inner))]
     hard = None
     if type(inner) is keras.layers.SimpleRNN and inner.cell.compute_dtype == "float64":
         hard = _FLOAT64_SIMPLE_RNN
@@ -168,13 +220,19 @@ def describe(way, inner, want_states, options):
         if why is not None:
             text += f", here its pure-JAX reference lstm_ref ({why})"
         return text
+    if way == TIERS:
+        return jax_tiers.describe(inner)
     return keras_ways.describe(way, inner, options)
 
 
 def run_fused(way, inners, x, steps, initial_states, training, want_states):
-    """Every direction of a call in one `jax_fused.lstm` call
-    (`maskedrnn.backends`' one-call interface): cuDNN on a CUDA GPU, its
-    reference `lstm_ref` elsewhere. Outputs are zeros at padded positions."""
+    """Every direction of a call in one call (`maskedrnn.backends`' one-call
+    interface): `"jax-fused"`, one `jax_fused.lstm` call (cuDNN on a CUDA
+    GPU, its reference `lstm_ref` elsewhere; outputs zeros at padded
+    positions), or `"jax-tiers"`, one tiered recurrence
+    (`jax_tiers.run_fused`)."""
+    if way == TIERS:
+        return jax_tiers.run_fused(inners, x, steps, initial_states, want_states)
     if way != FUSED:
         raise NotImplementedError(f"{way!r} is not a one-call way of JAX")
     weights = [jax_fused.cell_weights(inner) for inner in inners]
@@ -200,4 +258,7 @@ def run(way, inner, x, initial_state, training, steps, want_states):
             way, [inner], x, steps, [initial_state], training, want_states
         )
         return y, states[0] if want_states else []
+    if way == TIERS:
+        y, states = jax_tiers.run(inner, x, steps.lengths, initial_state)
+        return y, states if want_states else []
     return keras_ways.run(way, inner, x, initial_state, training, steps)

@@ -45,15 +45,16 @@ class MaskedBidirectional(direction.MaskedWrapper):
     the outputs (one batched matmul plus a linear-recurrence reduction, see
     `maskedrnn.ops.linear_recurrence_last`). Where that is not the cheapest
     exact way, the states come from the kernel itself: with
-    `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU (no
-    fused LSTM kernel there) runs Keras' masked loop, and on the torch
+    `return_state=True` an `LSTM` on TensorFlow without a GPU where
+    TensorFlow's fused LSTM op does not run runs Keras' masked loop, on a
+    JAX CPU (and for a `GRU` or `SimpleRNN` on a JAX GPU) the rows run in
+    length tiers that carry each row's exact states and skip most padded
+    steps (`maskedrnn.backends.jax_tiers`), and on the torch
     backend on CPU PyTorch's fused kernel runs with the padded steps made
     no-ops for the cell state (forget gate 1, input gate 0), so its own
     final `c` is exact. Any other RNN layer (`keras.layers.RNN(cell)`,
     custom cells, `recurrent_dropout > 0`) has no fused kernel to lose: it
-    runs Keras' masked loop as well, so its results are exact too; so does
-    every RNN on the JAX backend without a GPU (JAX has no fused RNN kernel
-    there; not with `use_cudnn=True`). That
+    runs Keras' masked loop as well, so its results are exact too. That
     loop reads any mask: given `mask=`, both directions run on the data as
     it is, the backward one flipped as in Keras' `Bidirectional` (no
     reordering; masked inputs zeroed); given `lengths=`, the same with

@@ -38,15 +38,16 @@ class MaskedRNN(direction.MaskedWrapper):
     (PyTorch's `rnn_tanh`/`rnn_relu` on torch CPU). Final states are read at
     each row's last valid step; an LSTM's cell state is recomputed exactly
     from the outputs, except where the kernel gives it exactly for less:
-    with `return_state=True` an `LSTM` on TensorFlow or JAX without a GPU
-    (Keras has no fused LSTM kernel there) runs Keras' masked loop, and on
+    with `return_state=True` an `LSTM` on TensorFlow without a GPU where
+    TensorFlow's fused LSTM op does not run runs Keras' masked loop, on a
+    JAX CPU (and for a `GRU` or `SimpleRNN` on a JAX GPU) the rows run in
+    length tiers that carry each row's exact states and skip most padded
+    steps (`maskedrnn.backends.jax_tiers`), and on
     torch on CPU PyTorch's fused kernel runs with the padded steps made
     no-ops for the cell state (forget gate 1, input gate 0), so its own
     final `c` is exact. `keras.layers.RNN(cell)`, custom
     cells and `recurrent_dropout > 0` have no fused kernel to keep: they
-    run Keras' masked loop too, exact as well, and so does every layer on
-    the JAX backend without a GPU (JAX has no fused RNN kernel there; not
-    with `use_cudnn=True`). That loop reads any mask,
+    run Keras' masked loop too, exact as well. That loop reads any mask,
     so given `mask=` it runs on the data as it is (no reordering; masked
     inputs zeroed); given `lengths=`, the same with their right-padded
     mask.
