@@ -25,9 +25,9 @@ process (`python_probe`): how fast the shared machine runs Python at the
 time, which moves the torch figures that Python overhead decides.
 
     python scripts/bench_runs.py --rounds 10 \\
-        --target maskedrnn/keras_masked=1.0 \\
-        --out docs/results/runs-jax-rnn.json \\
-        jax-rnn-lstm jax-rnn-gru
+        --target maskedrnn/torch_packed=1.0 \\
+        --out docs/results/runs-torch-rnn-gru-state.json \\
+        torch-rnn-gru-state
 """
 
 import argparse
