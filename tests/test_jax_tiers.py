@@ -391,6 +391,32 @@ def test_declined_layers_say_why(make, why):
             layer(x, lengths=np.array([3, 1]))
 
 
+def test_symbolic_batch_declines_the_tiers_and_exports():
+    """Under `jax.export`'s shape polymorphism (what Keras' exporter traces
+    for a dynamic batch) the tiers' static row groups cannot be cut: the
+    plan says so and runs Keras' layer, and the exported function matches
+    Keras' masked layer on a batch of any size."""
+    from jax import export
+
+    ours, ref = oracle_pair("gru", U, D, return_sequences=True)
+    lengths = np.array([5, 0, 2], "int32")
+    x, valid, _ = _case(lengths)
+
+    def f(x, lengths):
+        return ours(x, lengths=lengths)
+
+    b, t, d = export.symbolic_shape(f"b, {x.shape[1]}, {D}")
+    spec_x = jax.ShapeDtypeStruct((b, t, d), x.dtype)
+    spec_n = jax.ShapeDtypeStruct((b,), "int32")
+    with backends.record() as plans:
+        exported = export.export(jax.jit(f))(spec_x, spec_n)
+    assert plans and all(p.way() != "jax-tiers" for p in plans)
+    why = dict(plans[0].directions[0].options)["jax-tiers"]
+    assert why.hard and "symbolic" in str(why)
+    assert_close(exported.call(x, lengths), ref(x, mask=valid))
+    assert_close(exported.call(x[:2], lengths[:2]), ref(x[:2], mask=valid[:2]))
+
+
 def test_gpu_plan(monkeypatch):
     """On a CUDA GPU (its tests here made true) an LSTM runs cuDNN's
     one-call LSTM, a GRU and a SimpleRNN the tiers; `use_cudnn=True` asks

@@ -392,8 +392,10 @@ def test_kernel_info_says_which_code_runs():
     assert "masked step loop" in cell.kernel_info()["layer"]
     assert not cell.uses_fast_path
     # Keras' unmasked SimpleRNN's sentence (forced on JAX, whose CPU default
-    # is Keras' masked loop, tests/test_kernels.py).
-    with backends.force("keras-unmasked" if BACKEND == "jax" else None):
+    # is Keras' masked loop, and on TensorFlow, whose CPU default is the
+    # length tiers; tests/test_kernels.py).
+    unmasked = BACKEND in ("jax", "tensorflow")
+    with backends.force("keras-unmasked" if unmasked else None):
         info = simple.kernel_info()["layer"]
     if BACKEND == "torch":
         assert "PyTorch's native SimpleRNN" in info

@@ -190,11 +190,30 @@ def tiers_why(inner):
     return None
 
 
+_SYMBOLIC_SHAPE = Why(
+    "the batch or time size is symbolic (jax.export's shape polymorphism, "
+    "as when Keras' exporter traces a dynamic batch): the tiers' row groups "
+    "are static slices of the batch"
+)
+
+
+def static_shape_why(where):
+    """A hard `Why` when the inputs `where` (batch, time, features) have a
+    symbolic batch or time size, else None (weights, or concrete sizes)."""
+    shape = getattr(where, "shape", ())
+    if len(shape) == 3 and not all(d is None or isinstance(d, int) for d in shape[:2]):
+        return _SYMBOLIC_SHAPE
+    return None
+
+
 def options(inner, where, want_states):
     """`[(way, why)]`, best first: the one-call cuDNN LSTM, the length
     tiers, Keras' unmasked layer, else its masked loop (see the module
     docstring)."""
-    fused = [(FUSED, fused_option_why(inner)), (TIERS, tiers_why(inner))]
+    tiers = tiers_why(inner)
+    if tiers is None or not tiers.hard:
+        tiers = static_shape_why(where) or tiers
+    fused = [(FUSED, fused_option_why(inner)), (TIERS, tiers)]
     hard = None
     if type(inner) is keras.layers.SimpleRNN and inner.cell.compute_dtype == "float64":
         hard = _FLOAT64_SIMPLE_RNN
