@@ -1,11 +1,8 @@
 """Length-aware sequence operations written with `keras.ops` only.
 
-Every function here runs on the TensorFlow, JAX and PyTorch backends, has no
-data-dependent output shape (except `sequence_mask` with `maxlen=None`), and is
-differentiable in its floating-point inputs.
-
-Conventions: the batch axis is 0 and the time axis is 1 unless an argument says
-otherwise. `lengths` is a rank-1 integer tensor with one entry per batch row.
+They run on every backend, are differentiable in their float inputs and have
+static output shapes (except `sequence_mask` with `maxlen=None`). The batch
+axis is 0 and the time axis 1; `lengths` has shape `(batch,)`.
 """
 
 from keras import ops
@@ -29,12 +26,17 @@ __all__ = [
 def gather_time(x, index):
     """Gathers `x[b, index[b, t], ...]`: a per-row reordering of the time axis.
 
-    A row gather on the `(batch * time, ...)` view: measurably faster than
-    `take_along_axis`, which broadcasts the index over the feature axes. With
-    the permutations of `valid_first_order` it moves each row's valid steps to
-    the front (`order`) and back (`inverse`). Indices must lie in
-    `[0, time)`; they are not checked (out-of-range indices read another
-    row's data or fail, depending on the backend).
+    With the permutations of `valid_first_order` it moves each row's valid
+    steps to the front (`order`) and back (`inverse`). Indices are not
+    checked: out of range, they read another row or fail.
+
+    Args:
+        x: Tensor of shape `(batch, time, ...)`.
+        index: Integer tensor of shape `(batch, time_out)` with values in
+            `[0, time)`.
+
+    Returns:
+        A tensor of shape `(batch, time_out, ...)` and the dtype of `x`.
 
     Example:
 
@@ -43,22 +45,12 @@ def gather_time(x, index):
     >>> gather_time(x, index=[[2, 0, 1], [1, 1, 0]])
     [[[3.0], [1.0], [2.0]],
      [[5.0], [5.0], [4.0]]]
-
-    Args:
-        x: Tensor of shape `(batch, time, ...)`.
-        index: Integer tensor of shape `(batch, time_out)` with values in
-            `[0, time)`; usually `time_out == time`.
-
-    Returns:
-        A tensor of shape `(batch, time_out, ...)` and the dtype of `x`.
     """
     x = ops.convert_to_tensor(x)
     shape = ops.shape(x)
     batch, time = shape[0], shape[1]
     if any(isinstance(d, int) and d == 0 for d in (batch, time)):
-        # Nothing to gather (and jnp.take on an empty array drops index axes).
-        # Only static sizes are compared: a symbolic size (TF graph, jax.export)
-        # cannot be a Python bool, and TF's gather handles an empty run fine.
+        # jnp.take on an empty array drops index axes; symbolic sizes are fine.
         return x
     flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
     offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
@@ -66,14 +58,20 @@ def gather_time(x, index):
 
 
 def reverse_sequence(x, lengths, axis=1):
-    """Reverses the first `lengths[i]` steps of each row; the rest stay put.
+    """Reverses the first `lengths[i]` steps of each row.
 
-    Same semantics as `tf.reverse_sequence(x, lengths, seq_axis=axis,
-    batch_axis=0)`, written with `keras.ops` so it runs on every backend. It is
-    its own inverse, and is differentiable in `x`. Lengths above the size of
-    the time axis are clipped to it and negative lengths count as 0 (no
-    check here, so that it can run inside compiled graphs; layers check their
-    `lengths` argument before calling it).
+    As `tf.reverse_sequence(x, lengths, seq_axis=axis, batch_axis=0)`, on
+    every backend; its own inverse. Padded steps (past `lengths[i]`) stay
+    where they are. Lengths are clipped to `[0, time]`, unchecked, so that it
+    runs inside compiled graphs.
+
+    Args:
+        x: Tensor of shape `(batch, ..., time, ...)`, rank >= 2.
+        lengths: Integer tensor of shape `(batch,)`.
+        axis: Int, the time axis (not 0). Defaults to `1`.
+
+    Returns:
+        A tensor of the shape and dtype of `x`.
 
     Example:
 
@@ -82,16 +80,6 @@ def reverse_sequence(x, lengths, axis=1):
     >>> reverse_sequence(x, lengths=[3, 2])
     [[3, 2, 1, 0, 0],
      [2, 1, 0, 0, 0]]
-
-    Args:
-        x: Tensor of shape `(batch, ..., time, ...)`, rank >= 2; batch is
-            axis 0.
-        lengths: Integer tensor of shape `(batch,)`: how many leading steps of
-            each row to reverse.
-        axis: Int, the time axis (not 0). Defaults to `1`.
-
-    Returns:
-        A tensor of the shape and dtype of `x`.
     """
     x = ops.convert_to_tensor(x)
     rank = len(x.shape)
@@ -117,18 +105,10 @@ def reverse_sequence(x, lengths, axis=1):
 
 
 def reverse_index(lengths, time):
-    """The `(batch, time)` gather index of `reverse_sequence`.
+    """The gather index of `reverse_sequence`, to compute once and reuse.
 
     `reverse_sequence(x, lengths)` is `gather_time(x, reverse_index(lengths,
-    time))`; layers compute the index once and reuse it. Lengths are clipped
-    to `[0, time]`, so every index lies in `[0, time)`.
-
-    Example:
-
-    >>> reverse_index([3, 7, -1], time=4)
-    [[2, 1, 0, 3],
-     [3, 2, 1, 0],
-     [0, 1, 2, 3]]
+    time))`. Lengths are clipped to `[0, time]`.
 
     Args:
         lengths: Integer tensor of shape `(batch,)`.
@@ -136,14 +116,18 @@ def reverse_index(lengths, time):
 
     Returns:
         An int32 tensor of shape `(batch, time)`.
+
+    Example:
+
+    >>> reverse_index([3, 7, -1], time=4)
+    [[2, 1, 0, 3],
+     [3, 2, 1, 0],
+     [0, 1, 2, 3]]
     """
-    # `arange` takes `time` as it comes: an int, a scalar tensor (a TF graph)
-    # or a symbolic dimension (jax.export), which a cast would turn into a
-    # traced value that `arange` cannot size an array with.
+    # Not cast: a symbolic jax.export dimension cast to a tensor cannot size
+    # an `arange`.
     t = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
-    # The clip's bounds as device scalars made without a host copy (a
-    # Python int handed to `ops.maximum` is copied to a CUDA device, which
-    # waits for every queued kernel first).
+    # Device scalars: a Python int copied to CUDA waits for queued kernels.
     backend = backends.current()
     zero, bound = backend.scalar(0, "int32"), backend.scalar(time, "int32")
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
@@ -152,25 +136,23 @@ def reverse_index(lengths, time):
 
 
 def sequence_mask(lengths, maxlen=None, dtype="bool"):
-    """Boolean mask of the first `lengths[i]` steps of each row.
+    """Mask of the first `lengths[i]` steps of each row, as `tf.sequence_mask`.
 
-    Same semantics as `tf.sequence_mask`.
+    Args:
+        lengths: Integer tensor of shape `(batch,)`.
+        maxlen: Int or scalar tensor, the size of the time axis. Defaults to
+            `None`, meaning `max(lengths)`: a data-dependent shape, so pass it
+            inside `jax.jit` or XLA.
+        dtype: Output dtype. Defaults to `"bool"`.
+
+    Returns:
+        A `(batch, maxlen)` tensor of `dtype`.
 
     Example:
 
     >>> sequence_mask([3, 1], maxlen=4)
     [[True, True, True, False],
      [True, False, False, False]]
-
-    Args:
-        lengths: Integer tensor of shape `(batch,)`.
-        maxlen: Int or scalar tensor, the size of the time axis. Defaults to
-            `None`, meaning `max(lengths)`: a data-dependent shape, so pass it
-            explicitly inside `jax.jit` or XLA.
-        dtype: Output dtype. Defaults to `"bool"`.
-
-    Returns:
-        A `(batch, maxlen)` tensor of `dtype`.
     """
     lengths = ops.cast(ops.convert_to_tensor(lengths), "int32")
     if maxlen is None:
@@ -182,23 +164,21 @@ def sequence_mask(lengths, maxlen=None, dtype="bool"):
 
 
 def lengths_from_mask(mask):
-    """Number of valid (True / non-zero) steps in each row of a `(batch, time)` mask.
+    """Number of valid (True / non-zero) steps in each row of a mask.
 
-    For a right-padded mask this is the usual length. For a left-padded mask
-    or one with holes it is the count of valid steps, which is the length
-    of the row once its valid steps are moved to the front (see
-    `valid_first_order`).
-
-    Example:
-
-    >>> lengths_from_mask([[1, 1, 1, 0], [0, 0, 1, 1]])
-    [3, 2]
+    With left padding or holes, this is the row's length once its valid
+    steps are moved to the front (`valid_first_order`).
 
     Args:
         mask: Boolean or numeric tensor of shape `(batch, time)`.
 
     Returns:
         An int32 tensor of shape `(batch,)`.
+
+    Example:
+
+    >>> lengths_from_mask([[1, 1, 1, 0], [0, 0, 1, 1]])
+    [3, 2]
     """
     mask = as_bool(mask)
     return ops.sum(ops.cast(mask, "int32"), axis=1)
@@ -207,14 +187,8 @@ def lengths_from_mask(mask):
 def lengths_from_padding(ids, pad_value=0):
     """Length of each right-padded row: the index of its first pad step.
 
-    A step is padding when it equals `pad_value` (for rank-3 inputs: when all
-    its features do). A row with no padding has length `time`. Steps after
-    the first pad are ignored, so a pad value inside a sequence ends it.
-
-    Example:
-
-    >>> lengths_from_padding([[5, 7, 2, 0, 0], [4, 0, 0, 0, 0]])
-    [3, 1]
+    A step is padding when it equals `pad_value` (rank 3: in all features);
+    the first pad ends the row, even inside a sequence.
 
     Args:
         ids: Tensor of shape `(batch, time)` (token ids) or
@@ -222,7 +196,12 @@ def lengths_from_padding(ids, pad_value=0):
         pad_value: Scalar, the padding value. Defaults to `0`.
 
     Returns:
-        An int32 tensor of shape `(batch,)`.
+        An int32 tensor of shape `(batch,)`; `time` for a row with no pad.
+
+    Example:
+
+    >>> lengths_from_padding([[5, 7, 2, 0, 0], [4, 0, 0, 0, 0]])
+    [3, 1]
     """
     ids = ops.convert_to_tensor(ids)
     is_pad = ops.equal(ids, ops.cast(pad_value, ids.dtype))
@@ -241,15 +220,8 @@ def lengths_from_padding(ids, pad_value=0):
 def valid_first_order(mask):
     """Per-row time permutation that moves valid steps to the front, in order.
 
-    `gather(x, order)` (along time) turns a left-padded row or a row with holes
-    into a right-padded one, keeping the valid steps in their original order;
-    `gather(y, inverse)` puts per-step results back where they came from.
-
-    Example:
-
-    >>> order, inverse, lengths = valid_first_order([[0, 0, 1, 1, 1]])
-    >>> order
-    [[2, 3, 4, 0, 1]]
+    `gather_time(x, order)` turns left padding or holes into right padding;
+    `gather_time(y, inverse)` puts per-step results back.
 
     Args:
         mask: Boolean or numeric tensor of shape `(batch, time)`.
@@ -258,16 +230,30 @@ def valid_first_order(mask):
         A tuple `(order, inverse, lengths)`: two int32 `(batch, time)`
         permutations, inverse of each other, and the int32 `(batch,)` count of
         valid steps per row.
+
+    Example:
+
+    >>> order, inverse, lengths = valid_first_order([[0, 0, 1, 1, 1]])
+    >>> order
+    [[2, 3, 4, 0, 1]]
     """
     rank, inverse, lengths = valid_ranks(mask)
-    # order is the inverse permutation of `inverse`: order[inverse[t]] = t.
     order = backends.current().invert_permutation(inverse)
     return order, inverse, lengths
 
 
 def valid_ranks(mask):
-    """The running count of valid steps, and where `valid_first_order` sends
-    each step (its `inverse`), from one cumulative sum.
+    """Running count of valid steps, and `valid_first_order`'s `inverse`.
+
+    Args:
+        mask: Boolean or numeric tensor of shape `(batch, time)`.
+
+    Returns:
+        A tuple `(rank, inverse, lengths)` of int32 tensors: `rank[b, t]`,
+        shape `(batch, time)`, is the valid-first slot of the last valid step
+        at or before `t` (-1 before the first); `inverse`, shape
+        `(batch, time)`, sends valid steps to slots `0..n-1` and padded
+        steps to `n..time-1`, in order; `lengths`, shape `(batch,)`, is `n`.
 
     Example:
 
@@ -276,25 +262,12 @@ def valid_ranks(mask):
     [[-1, 0, 0, 1, 2]]
     >>> inverse
     [[3, 0, 4, 1, 2]]
-
-    Args:
-        mask: Boolean or numeric tensor of shape `(batch, time)`.
-
-    Returns:
-        A tuple `(rank, inverse, lengths)`: `rank[b, t]` (int32) is the
-        number of valid steps of row `b` up to and including `t`, minus one
-        (the valid-first slot of the last valid step at or before `t`; -1
-        before the first one); `inverse` the int32 `(batch, time)`
-        permutation sending valid steps to slots `0..n-1` and padded steps
-        to `n..time-1`, each in order; `lengths` the int32 `(batch,)` count
-        `n` of valid steps.
     """
     mask = as_bool(mask)
     m = ops.cast(mask, "int32")
     lengths = ops.cast(ops.sum(m, axis=1), "int32")
     rank = ops.cast(ops.cumsum(m, axis=1), "int32") - 1
-    # Padded steps up to and including t number (t + 1) - (rank + 1), so a
-    # padded step's slot is lengths + t - rank - 1: no second cumulative sum.
+    # Padded steps up to t number t - rank, so no second cumulative sum.
     t = ops.expand_dims(ops.arange(ops.shape(m)[1], dtype="int32"), 0)
     pad_slot = ops.expand_dims(lengths, 1) + t - rank - 1
     inverse = ops.cast(ops.where(mask, rank, pad_slot), "int32")
@@ -302,14 +275,10 @@ def valid_ranks(mask):
 
 
 def _combine_adjacent(a, b):
-    """One level of a tree reduction of `c -> a_t * c + b_t` maps along axis 1.
+    """Composes the maps `c -> a_t * c + b_t` of steps 2k and 2k+1.
 
-    Pads an odd-length time axis with the identity map (a=1, b=0), then
-    composes steps 2k and 2k+1: `c -> a2 * (a1 * c + b1) + b2`. The pairs
-    come from a reshape to `(batch, time / 2, 2, ...)` and an unstack, not
-    from step-2 slices: TensorFlow's strided-slice gradient made those 5-7x
-    slower there (fwd and fwd+bwd, (32, 100, 64), CPU), and the unstack is
-    as fast or faster on JAX and PyTorch. Needs a static time axis.
+    Pairs come from a reshape and unstack, not step-2 slices, whose gradient
+    is slow on TensorFlow. Needs a static time axis.
     """
     if a.shape[1] % 2:
         a = ops.concatenate([a, ops.ones_like(a[:, :1])], axis=1)
@@ -324,19 +293,11 @@ def _combine_adjacent(a, b):
 def linear_recurrence_last(a, b, lengths, initial):
     """Final value of `c_t = a_t * c_{t-1} + b_t` after `lengths[i]` steps.
 
-    Elementwise linear recurrence over axis 1, run for the first `lengths[i]`
-    steps of each row (a row of length 0 returns `initial`). Computed as a
-    tree reduction: about `2 * time` elementwise products, `ceil(log2(time))`
-    levels, memory linear in `time`, and no division or logarithm, so it is
-    as stable as the sequential loop. This is how `MaskedBidirectional` gets
-    an LSTM's exact cell state at each row's true length from unmasked outputs
-    (`a` = forget gate, `b` = input gate * candidate).
-
-    Example:
-
-    >>> linear_recurrence_last(a=[[0.5, 0.5, 0.5]], b=[[1., 1., 1.]],
-    ...                        lengths=[2], initial=[0.])
-    [1.5]    # c1 = 0.5 * 0 + 1 = 1;  c2 = 0.5 * 1 + 1 = 1.5; step 3 ignored
+    An elementwise recurrence over axis 1; padded steps are ignored and a row
+    of length 0 returns `initial`. A tree reduction in `ceil(log2(time))`
+    levels, with no division, so as stable as the loop. It gives an LSTM's
+    exact cell state at each row's length (`a` = forget gate, `b` = input
+    gate * candidate).
 
     Args:
         a: Float tensor of shape `(batch, time, ...)`.
@@ -346,6 +307,12 @@ def linear_recurrence_last(a, b, lengths, initial):
 
     Returns:
         A tensor of shape `(batch, ...)`.
+
+    Example:
+
+    >>> linear_recurrence_last(a=[[0.5, 0.5, 0.5]], b=[[1., 1., 1.]],
+    ...                        lengths=[2], initial=[0.])
+    [1.5]    # c1 = 0.5 * 0 + 1 = 1;  c2 = 0.5 * 1 + 1 = 1.5; step 3 ignored
     """
     a = ops.convert_to_tensor(a)
     b = ops.convert_to_tensor(b)
@@ -358,16 +325,13 @@ def linear_recurrence_last(a, b, lengths, initial):
     b = ops.where(valid, b, ops.zeros_like(b))
     time = a.shape[1]
     if isinstance(time, int):
-        # Static time axis (the usual case on every backend): unrolled levels.
         if time == 0:
             return initial
         while a.shape[1] > 1:
             a, b = _combine_adjacent(a, b)
         return a[:, 0] * initial + b[:, 0]
     if time is None:
-        # Unknown time axis in a TensorFlow graph: a differentiable while loop
-        # over a constant-shape Hillis-Steele prefix scan (XLA needs loop
-        # bodies that keep shapes, and a bound on the iterations).
+        # TF graph, unknown time: a Hillis-Steele scan keeps XLA's loop shapes.
         def level(steps, a, b):
             a_prev = _shift_right(a, steps, 1.0)
             b_prev = _shift_right(b, steps, 0.0)
@@ -380,10 +344,8 @@ def linear_recurrence_last(a, b, lengths, initial):
             maximum_iterations=31,
         )
         return a[:, -1] * initial + b[:, -1]
-    # A symbolic dimension (jax.export with a dynamic time axis): no Python
-    # branch on its value and no while loop (JAX cannot differentiate one),
-    # so a fixed-shape Hillis-Steele prefix scan with enough levels for any
-    # length below 2**31; levels past the length shift in identity maps only.
+    # Symbolic jax.export time: JAX cannot differentiate a while loop, so 31
+    # fixed levels; those past the length shift in identity maps.
     for level in range(31):
         a_prev = _shift_right(a, 2**level, 1.0)
         b_prev = _shift_right(b, 2**level, 0.0)
