@@ -1,34 +1,12 @@
 """Argument checks of the layers, including those that bite inside compiled graphs.
 
-`check_inputs`, `check_lengths`, `check_lengths_static`, `check_mask` and
-`check_initial_state` are the call-argument checks of `MaskedBidirectional`
-and `MaskedRNN`: shapes and dtypes are checked as soon as they are known (at
-model build for symbolic inputs), values when the tensors are concrete.
-Error messages name the argument, say what was wrong and what was received
-("got ..."), and how to fix it.
+The `check_*` functions check call and constructor arguments: shapes and
+dtypes as soon as they are known, values when the tensors are concrete.
 
-The rest keeps value checks alive inside compiled graphs (`keras.ops` only).
-
-Checks that read values (`0 <= lengths <= time`) can only raise a Python
-error when the tensor is concrete (eager TensorFlow, eager PyTorch, JAX
-outside `jit`). Inside `tf.function`, XLA, `jax.jit` or `torch.compile` they
-would be skipped, and an out-of-range length then gives silently wrong
-numbers: XLA and JAX clamp out-of-range gather indices, TensorFlow's GPU
-gather returns zeros, inductor reads the neighbouring row, and a negative
-length reads as an empty row everywhere. The helpers here keep such inputs
-loud without any backend-specific code:
-
-- `match_leading_dims` makes a per-row argument (`lengths`, `mask`) fail when
-  its leading sizes differ from the inputs', also where they are unknown
-  until run time (a `None` batch in a TensorFlow graph), instead of letting a
-  1-row tensor broadcast over the batch;
-- `invalid_lengths` flags rows whose length is outside `[0, time]`,
-  `clamp_lengths` makes them safe to index with, and `poison_rows` writes NaN
-  into every output and state of those rows. A NaN loss is what Keras
-  reports (and `keras.callbacks.TerminateOnNaN` stops on); the other rows
-  keep their exact values, and no gradient passes into the poisoned rows, so
-  the weights of the layer and of the layers before it stay finite (layers
-  after it see NaN activations, so their weights do not).
+In compiled code a bad length cannot raise, and backends would turn it into
+silently wrong numbers; `match_leading_dims`, `invalid_lengths`,
+`clamp_lengths` and `poison_rows` make such inputs fail or give NaN rows
+instead (docs/errors.md).
 """
 
 import keras
@@ -62,16 +40,12 @@ def static_dim(dim):
 def match_leading_dims(tensor, inputs, ndim, name):
     """Checks that `tensor` has the leading `ndim` sizes of `inputs`.
 
-    Known sizes are compared now and raise a `ValueError` naming `name`.
-    Sizes known only at run time (a `None` dimension in a TensorFlow graph)
-    are checked by stacking `tensor` with zeros of the expected shape, which
-    fails at run time (or at XLA compile time) unless the shapes are equal:
-    a `(1,)` tensor is *not* broadcast to `(batch,)`. On TensorFlow the
-    failing node is named `<name>_must_match_inputs/stack`.
+    Known sizes raise a `ValueError` naming `name` now; sizes known only at
+    run time are checked by a stack with zeros of the expected shape (node
+    `<name>_must_match_inputs/stack`), so a `(1,)` tensor never broadcasts.
 
     Args:
-        tensor: Tensor of rank `ndim`, e.g. `lengths` (`ndim=1`) or a mask
-            (`ndim=2`).
+        tensor: Tensor of rank `ndim`, e.g. `lengths` or a mask.
         inputs: Tensor whose first `ndim` sizes `tensor` must have.
         ndim: Int, how many leading axes to compare.
         name: String, the argument's name, used in error messages.
@@ -162,10 +136,8 @@ def poison_rows(tensors, bad):
         bad: Boolean tensor of shape `(batch,)`, e.g. from `invalid_lengths`.
 
     Returns:
-        The same structure as `tensors`, same shapes and dtypes, with NaN in
-        the flagged rows and the other rows unchanged. No gradient passes
-        into a flagged row, even a NaN one, so the weights of the layer that
-        poisons (and of the layers before it) stay finite.
+        The structure, shapes and dtypes of `tensors`, with NaN in the
+        flagged rows, which pass no gradient back.
 
     Example:
 
@@ -183,20 +155,15 @@ def poison_rows(tensors, bad):
     flags = ops.convert_to_tensor(bad)
     for _ in range(len(x.shape) - 1):
         flags = ops.expand_dims(flags, -1)
-    # A select against zeros, plus a per-row NaN (or 0) that does not depend
-    # on x. The select passes no gradient into bad rows even when the
-    # incoming gradient there is NaN (as it is in training: the loss of a
-    # NaN row is NaN); multiplying x by 0 instead would give 0 * NaN = NaN
-    # and turn the layer's weights into NaN. tf2onnx keeps both selects (a
-    # full-size select against a NaN tensor came out all NaN in ONNX).
+    # A select passes no gradient into a NaN row (x * 0 would: 0 * NaN);
+    # the NaN is added apart, as ONNX mishandles a select against NaN.
     nan = backends.current().scalar(float("nan"), x.dtype)
     zero = backends.current().scalar(0.0, x.dtype)
     return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)
 
 
 def check_inputs(x, layer_name, built_features=None):
-    """Checks the `inputs` of a layer call: rank 3, at least one step, the
-    feature size the layer was built for. Returns `x` as a tensor."""
+    """Checks the call's `inputs`: rank 3, a step, the built feature size."""
     x = ops.convert_to_tensor(x)
     if len(x.shape) != 3:
         raise ValueError(
@@ -237,8 +204,7 @@ def check_input_shape(shape, layer_name):
 
 
 def one_per_row(t, description):
-    """`t` of shape `(batch,)`, or `(batch, 1)` squeezed to it; else a
-    `ValueError` that starts with `description` and gives the shape."""
+    """`t` as `(batch,)`, squeezing `(batch, 1)`; else a `ValueError`."""
     if len(t.shape) == 2 and t.shape[1] == 1:
         t = ops.squeeze(t, 1)
     if len(t.shape) != 1:
@@ -247,8 +213,7 @@ def one_per_row(t, description):
 
 
 def check_lengths_static(lengths, x):
-    """Checks of `lengths` that need shapes and dtypes only (also at model
-    build). Returns `lengths` with a trailing axis of size 1 squeezed."""
+    """Checks the shape and dtype of `lengths` (also at model build)."""
     lengths = one_per_row(
         lengths, "lengths must have shape (batch,), one length per row"
     )
@@ -270,12 +235,9 @@ def check_lengths_static(lengths, x):
 def check_lengths(lengths, x):
     """Checks `lengths` against `inputs` `x`; returns `(lengths, bad_rows)`.
 
-    `lengths` comes back as int32 `(batch,)`. Values readable on the host
-    (eager, in CPU memory: the backend's `host_readable`) outside
-    `[0, time]` raise. In compiled code (values unknown) they cannot, and
-    on an accelerator reading them would be a host sync each call: then
-    `bad_rows` flags them for `poison_rows` and `lengths` is clamped;
-    otherwise `bad_rows` is None.
+    Out-of-range values raise when readable on the host; otherwise (compiled
+    code, accelerator memory) `lengths` is clamped and `bad_rows` flags them
+    for `poison_rows`. `bad_rows` is None when the values were checked.
     """
     lengths = check_lengths_static(ops.convert_to_tensor(lengths), x)
     lengths = ops.cast(lengths, "int32")
@@ -283,10 +245,7 @@ def check_lengths(lengths, x):
     lengths = match_leading_dims(lengths, x, 1, "lengths")
     time = ops.shape(x)[1]
     if not backends.current().host_readable(lengths):
-        # Compiled code cannot raise on values, and eager code on an
-        # accelerator would wait for the device to read them: rows with a
-        # length outside [0, time] get NaN in every output and state
-        # (docs/errors.md).
+        # Reading them would sync with the device, or is impossible.
         return clamp_lengths(lengths, time), invalid_lengths(lengths, time)
     values = ops.convert_to_numpy(lengths)
     if values.size and values.min() < 0:
@@ -300,8 +259,7 @@ def check_lengths(lengths, x):
 
 
 def check_mask(mask, x):
-    """Checks a `(batch, time)` mask against `inputs` `x`; returns it as
-    bool (numeric masks: non-zero = valid step)."""
+    """Checks a `(batch, time)` mask against `inputs` `x`; returns it as bool."""
     mask = ops.convert_to_tensor(mask)
     if len(mask.shape) != 2:
         raise ValueError(
@@ -332,9 +290,8 @@ def check_initial_state(initial_state, x, parts):
     Args:
         initial_state: A tensor or a list of tensors, or None.
         x: The inputs (for the batch size).
-        parts: List of `(owner, names, sizes)`, one per inner layer in the
-            order their states come, e.g. `[("the forward LSTM", ["h", "c"],
-            [64, 64]), ("the backward GRU", ["h"], [32])]`.
+        parts: List of `(owner, names, sizes)` per inner layer, e.g.
+            `("the forward LSTM", ["h", "c"], [64, 64])`.
 
     Returns:
         None, or a list with one list of state tensors per part.

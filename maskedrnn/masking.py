@@ -1,10 +1,7 @@
-"""Masks of padded batches: conversion and combination, written once.
+"""Masks of padded batches: `(batch, time)`, True (or non-zero) at valid steps.
 
-A mask is a `(batch, time)` tensor, True (or non-zero) at valid steps. The
-layers (`MaskedBidirectional`, `MaskedRNN`), `maskedrnn.ops`, the losses
-and the metrics read masks through `as_bool`. The step-mask helpers of
-`maskedrnn.losses` and `maskedrnn.metrics` (`pad_value` labels, the Keras
-mask of `y_pred`, sample weights per sequence) live here too.
+Every module reads masks through `as_bool`; the step masks of the losses
+and metrics are built here too.
 """
 
 import math
@@ -26,21 +23,20 @@ __all__ = [
 def as_bool(mask):
     """`mask` as a boolean tensor: non-zero = valid step.
 
-    Example:
-
-    >>> as_bool([[1, 1, 0], [2, 0, 0]])
-    [[True, True, False], [True, False, False]]
-
     Args:
         mask: Boolean or numeric tensor (or array-like).
 
     Returns:
         A boolean tensor of the shape of `mask`.
+
+    Example:
+
+    >>> as_bool([[1, 1, 0], [2, 0, 0]])
+    [[True, True, False], [True, False, False]]
     """
     mask = ops.convert_to_tensor(mask)
     if keras.backend.standardize_dtype(mask.dtype) != "bool":
-        # Against zeros of its own, not a Python 0: no scalar copied to the
-        # device (on CUDA such a copy waits for the queued kernels).
+        # Not a Python 0: copying it to CUDA waits for the queued kernels.
         mask = ops.not_equal(mask, ops.zeros_like(mask))
     return mask
 
@@ -65,11 +61,9 @@ def _is_int_dtype(dtype):
 
 
 def padding_steps(y_true, y_pred, pad_value):
-    """Boolean tensor, True at the steps of `y_true` that are padding.
+    """Boolean tensor, True at the steps of `y_true` equal to `pad_value`.
 
-    If `y_true` has the rank of `y_pred` its last axis holds the features (or
-    a single label) of a step, and the step is padding when all of them equal
-    `pad_value`; if it has one axis less, each entry is a step. A NaN
+    With `y_pred`'s rank, a step is padding when all its last axis is; a NaN
     `pad_value` matches NaN entries.
     """
     rank_true, rank_pred = len(y_true.shape), len(y_pred.shape)
@@ -147,18 +141,14 @@ def combine_masks(masks, values, what):
 def expand_sample_weight(sample_weight, values, dtype):
     """Broadcasts a per-sequence `(batch,)` weight over the time axis.
 
-    Keras multiplies a `(batch,)` weight with `(batch, time)` values by
-    broadcasting from the right (an error unless batch == time); a weight
-    of lower rank than the values is meant per leading axes, so it gets
-    trailing unit axes, then the values' shape (Keras multiplies it in place
-    with the mask, which PyTorch only allows for equal shapes).
+    Keras would broadcast it from the right; it gets the values' full shape,
+    as Keras multiplies it in place with the mask.
     """
     sample_weight = ops.convert_to_tensor(sample_weight, dtype=dtype)
     rank = len(sample_weight.shape)
     if 1 <= rank < len(values.shape):
         for _ in range(len(values.shape) - rank):
             sample_weight = ops.expand_dims(sample_weight, -1)
-        # A product, not `broadcast_to`: PyTorch's broadcast view cannot be
-        # multiplied in place.
+        # Not `broadcast_to`: PyTorch cannot multiply that view in place.
         sample_weight = sample_weight * ops.ones_like(values, dtype=dtype)
     return sample_weight

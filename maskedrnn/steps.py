@@ -1,12 +1,8 @@
 """The steps of one masked batch: its lengths or mask, checked once per call.
 
-`Steps.from_call(x, mask, lengths)` runs the call-argument checks of
-`lengths` or `mask` (`maskedrnn._checks`) and returns one `Steps`, which
-every way of running a direction reads (`maskedrnn.backends`): the caller's
-mask (Keras' masked loop, PyTorch's layout), the lengths, and the
-valid-first and reverse orders (the Keras-ops core,
-`maskedrnn.layers.direction`). Each is derived on first use, once: a call
-whose plan needs only the mask never computes an order.
+Every way of running a direction reads the same `Steps`; each of its
+tensors is derived on first use, so a plan that needs only the mask never
+computes an order.
 """
 
 import functools
@@ -24,33 +20,22 @@ class Steps:
     `from_lengths`, `from_mask`, `full`.
 
     Attributes:
-        time: The size of the time axis (int, or a scalar tensor when it is
-            unknown until run time).
-        masked: Bool: the call has a mask or lengths (else every step is
-            valid).
+        time: The size of the time axis (int, or a scalar tensor).
+        masked: Bool: the call has a mask or lengths.
         right_padded: Bool: made from lengths (valid-first data).
-        bad_rows: None, or bool `(batch,)` flagging lengths that could not
-            be checked in compiled code (`_checks.poison_rows`).
-        mask: Bool `(batch, time)` in the caller's order: the caller's mask,
-            the right-padded mask of the lengths, or None when not `masked`.
-        lengths: Int32 `(batch,)`, the number of valid steps of each row, in
-            `[0, time]`.
-        order: Int32 `(batch, time)` time gather from the caller's order to
-            valid-first, or None when the data is valid-first already.
+        bad_rows: None, or bool `(batch,)` flagging unchecked bad lengths.
+        mask: Bool `(batch, time)` in the caller's order, or None.
+        lengths: Int32 `(batch,)`, valid steps per row, in `[0, time]`.
+        order: Int32 `(batch, time)` gather to valid-first, or None when the
+            data is valid-first already.
         inverse: The inverse permutation of `order` (None with it).
-        rank: Int32 `(batch, time)` or None (with `order`): at each step of
-            the caller's order, the valid-first slot of the last valid step
-            at or before it, -1 before the first (`ops.valid_ranks`); the
-            gather index of `held` for outputs read in the caller's order.
-        valid: Bool `(batch, time)`: the valid steps of valid-first data
-            (`sequence_mask(lengths, time)`).
+        rank: Int32 `(batch, time)` or None, as `ops.valid_ranks`.
+        valid: Bool `(batch, time)`: the valid steps of valid-first data.
         known_lengths: `lengths`, or None where only ranking the mask
-            would give them (see the property).
+            would give them.
         has_steps: Bool `(batch, 1)`: `lengths > 0`.
-        last: Int32 `(batch,)`: `max(lengths - 1, 0)`, each row's last valid
-            step in valid-first data.
-        reverse: Int32 `(batch, time)`: the gather index that reverses each
-            row's first `lengths` steps (`ops.reverse_index`).
+        last: Int32 `(batch,)`: each row's last valid step, valid-first.
+        reverse: Int32 `(batch, time)`: `ops.reverse_index(lengths, time)`.
     """
 
     def __init__(self, time, lengths=None, mask=None, batch=None, bad_rows=None):
@@ -59,9 +44,8 @@ class Steps:
         self._lengths = lengths
         self._mask = mask
         self._batch = batch
-        # From a mask: the permutation to valid-first order is needed.
         self._ranked = mask is not None and lengths is None
-        # A mask's lengths known from elsewhere (`flipped`), not by ranking.
+        # Lengths known without ranking the mask (`flipped`).
         self._mask_lengths = None
 
     @classmethod
@@ -69,12 +53,9 @@ class Steps:
         """The checked `Steps` of a call: `lengths` wins over `mask`.
 
         Args:
-            x: The call's inputs, checked (`_checks.check_inputs`).
+            x: The call's inputs, already checked.
             mask: Optional `(batch, time)` mask, any pattern.
             lengths: Optional integer `(batch,)`: right-padded data.
-
-        Raises:
-            ValueError: for a bad `lengths` or `mask` (see `_checks`).
         """
         time = ops.shape(x)[1]
         if lengths is not None:
@@ -86,8 +67,7 @@ class Steps:
 
     @classmethod
     def from_lengths(cls, lengths, time):
-        """Right-padded data: row `i` has `lengths[i]` valid steps (int32,
-        already checked and clipped to `[0, time]`)."""
+        """Right-padded data, `lengths` checked and clipped to `[0, time]`."""
         return cls(time, lengths=lengths)
 
     @classmethod
@@ -106,7 +86,6 @@ class Steps:
 
     @property
     def right_padded(self):
-        """True when made from lengths: the data is valid-first already."""
         return self._lengths is not None
 
     @functools.cached_property
@@ -136,10 +115,7 @@ class Steps:
 
     @property
     def known_lengths(self):
-        """`lengths` when known without ranking the mask (made from
-        lengths, flipped from steps that knew them, or derived already),
-        else None: for a way that reads the lengths off its own pass over
-        the mask instead (PyTorch's layout)."""
+        """`lengths` when known without ranking the mask, else None."""
         if self._lengths is not None:
             return self._lengths
         if self._mask_lengths is not None:
@@ -179,8 +155,7 @@ class Steps:
         return x if self.order is None else mops.gather_time(x, self.order)
 
     def flipped(self):
-        """The `Steps` of the batch with its time axis reversed (Keras'
-        `go_backwards`): the flipped mask, read as any mask."""
+        """The `Steps` of the time-reversed batch (Keras' `go_backwards`)."""
         if not self.masked:
             return self
         flipped = Steps.from_mask(ops.flip(self.mask, 1))
