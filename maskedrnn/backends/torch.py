@@ -1,30 +1,12 @@
 """The torch backend: PyTorch's own RNN kernels, on a CPU and in one call on CUDA.
 
-Keras' torch backend hands an unmasked `LSTM`/`GRU` to PyTorch's fused
-kernel (cuDNN) on CUDA only; on a CPU it steps through time in Python, one
-small op at a time, and `SimpleRNN` always runs Keras' generic loop. So on
-a CPU each direction runs PyTorch's own `torch.lstm`/`gru`/`rnn_tanh`/
-`rnn_relu` instead (`maskedrnn.backends.torch_kernels`): a GRU's or
-SimpleRNN's inference on the packed valid steps (`"torch-packed"`: padded
-steps skipped, final states exact), everything else over the zero-padded
-valid-first data (`"torch-unpacked"`: faster for training and for every
-LSTM, whose unpacked kernel is PyTorch's fused oneDNN one; an LSTM's exact
-final `c` then comes from the kernel itself, its padded steps made no-ops
-for `c`, `torch_kernels.saturated_lstm`). A masked batch runs them from
-the caller's order in one torch call per direction (`layout`,
-`run_direction`, the plan's `"torch"` route); `run` serves valid-first
-callers.
-
-On CUDA an LSTM or GRU runs every direction of a call in one
-`torch._VF.lstm` / `gru` call over the valid-first data (`"torch-fused"`,
-`maskedrnn.backends.torch_fused`: cuDNN, both directions at once, the
-padded steps made to hold the state); forced, the same call runs on a CPU.
-Other layers on CUDA run Keras' unmasked inner layer.
-
-Nothing is tried and caught: `unavailable_reason` checks every condition up
-front and says in words why a layer cannot use these kernels; it then runs
-Keras' inner layer as on the other backends (exact as well, slower on a
-CPU), and `kernel_info()` says which runs.
+On a CPU, where Keras steps through time in Python, each direction runs
+PyTorch's kernels from the caller's order: packed for a GRU's or
+SimpleRNN's inference (`"torch-packed"`), else unpacked over valid-first
+data (`"torch-unpacked"`). On CUDA an LSTM or GRU runs every direction in
+one cuDNN call (`"torch-fused"`). `unavailable_reason` checks every
+condition up front; a layer that fails one runs Keras' own layer, and
+`kernel_info()` says which runs.
 """
 
 import keras
@@ -60,29 +42,25 @@ _RELU = (keras.activations.relu, torch.relu, keras.ops.relu)
 
 
 def is_concrete(x):
-    """True when `x` holds values: eager torch, outside `torch.compile`
-    tracing."""
+    """True when `x` holds values: outside `torch.compile` tracing."""
     compiling = getattr(torch.compiler, "is_compiling", lambda: False)
     return not compiling() and not getattr(x, "_is_symbolic", False)
 
 
 def host_readable(x):
-    """True when `x`'s values can be read on the host with no device sync:
-    concrete (`is_concrete`) and in CPU memory. Lengths on CUDA are checked
-    on the device instead (`maskedrnn._checks.check_lengths`: bad rows
-    come out NaN)."""
+    """True when `x`'s values can be read on the host with no device sync."""
     return is_concrete(x) and _device_type(x) in HOST_DEVICE_TYPES
 
 
-# Device types whose tensors `host_readable` reads on the host.
 HOST_DEVICE_TYPES = ("cpu",)
 
 
 def scalar(value, dtype):
-    """A 0-d tensor of `value` (a Python number, or a scalar tensor) in
-    `dtype`, on Keras' device, made by a fill: Keras' conversion of a Python
-    number (`torch.as_tensor(value, device=...)`) copies it from the host,
-    which on CUDA waits for every queued kernel first."""
+    """A 0-d `dtype` tensor of `value` on Keras' device, made by a fill.
+
+    Keras' conversion copies from the host, which on CUDA waits for every
+    queued kernel.
+    """
     dtype = keras.backend.standardize_dtype(dtype)
     if isinstance(value, torch.Tensor):
         return value.to(getattr(torch, dtype))
@@ -93,19 +71,14 @@ def scalar(value, dtype):
 
 
 def invert_permutation(perm):
-    """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
-    tensor of permutations: an argsort (Keras' torch `scatter` is slow)."""
+    """Inverts each row of int32 `(batch, time)` permutations (an argsort)."""
     return ops.cast(ops.argsort(perm, axis=1), "int32")
 
 
 def take_rows(flat, index):
-    """`flat[index]`: rows of `flat` (axis 0) gathered by an integer tensor
-    `index` of any shape, giving `index.shape + flat.shape[1:]`.
+    """`flat[index]`, shape `index.shape + flat.shape[1:]`.
 
-    `index_select`, not `keras.ops.take`: Keras runs
-    `torch.nn.functional.embedding` there, whose backward sorts the
-    indices; `index_select` is the same gather with a plain scatter-add
-    backward.
+    Not `keras.ops.take`, whose `embedding` backward sorts the indices.
     """
     index = ops.convert_to_tensor(index)
     rows = torch.index_select(flat, 0, index.reshape(-1).to(torch.int64))
@@ -113,8 +86,7 @@ def take_rows(flat, index):
 
 
 def has_fused_rnn_kernel():
-    """False: on torch a CUDA device is checked per tensor
-    (`unavailable_reason`), and its CPU kernels are PyTorch's own."""
+    """False: torch checks the device per tensor (`unavailable_reason`)."""
     return False
 
 
@@ -136,15 +108,13 @@ def unavailable_reason(inner, where):
 
 
 def _unavailable(inner, where):
-    """None, or a function of no arguments returning `unavailable_reason`'s
-    sentence (built only when asked for)."""
+    """None, or a function building `unavailable_reason`'s sentence."""
     kind = type(inner)
     if kind not in (LSTM, GRU, SimpleRNN):
         return lambda: (
             f"{kind.__name__} has no PyTorch kernel (LSTM, GRU and SimpleRNN do)"
         )
-    # The layer's own reasons first: they hold on every device (on CUDA a
-    # device reason would hide that cuDNN cannot compute the layer either).
+    # The layer's reasons first: a device reason would hide them.
     why = _settings_unavailable(inner) or _equations_unavailable(inner)
     if why is not None:
         return why
@@ -169,8 +139,7 @@ def _unavailable(inner, where):
 
 
 def _settings_unavailable(inner):
-    """None, or a function giving the sentence of the inner layer's setting
-    that PyTorch's kernels do not have."""
+    """None, or a function naming a setting PyTorch's kernels lack."""
     if getattr(inner, "use_cudnn", "auto") is False:
         return lambda: "the inner layer has use_cudnn=False, which asks for Keras' loop"
     compiling = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -188,8 +157,7 @@ def _settings_unavailable(inner):
 
 
 def _equations_unavailable(inner):
-    """None, or a function giving the sentence of why the inner layer's
-    equations are not PyTorch's."""
+    """None, or a function saying why the equations are not PyTorch's."""
     cell = inner.cell
     if type(inner) is SimpleRNN:
         if cell.activation not in _TANH + _RELU:
@@ -244,9 +212,7 @@ def _fused_unavailable(inner, where):
 
 
 def fused_why(inners):
-    """None when `inners` can share one `"torch-fused"` call, else a hard
-    `Why`: the two directions of one call need the same layer type, units,
-    bias and compute dtype (one kernel call, one weight layout)."""
+    """None when `inners` match enough to share one `"torch-fused"` call."""
     first = inners[0]
     for other in inners[1:]:
         if (
@@ -281,21 +247,10 @@ def _device_type(where):
 
 
 def packed_preferred(inner):
-    """Whether `run` should use the packed kernel for `inner` now: when no
-    gradient is being recorded (inference) and `inner` is a GRU or
-    SimpleRNN, with or without final states (an LSTM's exact final states
-    come from its unpacked kernel, `saturated_lstm`).
+    """Whether `run` uses the packed kernel: a GRU's or SimpleRNN's inference.
 
-    PyTorch's packed CPU kernels skip the padded steps and return exact
-    final states, but their backward pass is slower than the unpacked
-    kernels', and an unpacked LSTM runs PyTorch's fused oneDNN kernel,
-    which the packed one does not (docs/benchmarks.md). So training runs
-    the unpacked kernel over the zero-padded valid-first data (a GRU's is
-    `GRUFunction`), and so does every LSTM call: with its final states
-    wanted, the padded steps are made to leave the cell state untouched
-    (`saturated_lstm`), so the kernel's own final `c` is exact; `h` is
-    read at each row's length. A GRU's or SimpleRNN's inference runs
-    packed (their packed kernel is the faster one there).
+    The packed kernels train slower, and an unpacked LSTM runs PyTorch's
+    fused oneDNN kernel.
     """
     if torch.is_grad_enabled():
         return False
@@ -319,10 +274,7 @@ _FUSED_ON_CPU = soft(
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: on CUDA the one-call way
-    (`"torch-fused"`); on a CPU PyTorch's kernels (packed or unpacked,
-    `packed_preferred`), then the one-call way (forceable); else Keras'
-    unmasked layer, else its masked loop."""
+    """`[(way, why)]`, best first: `"torch-fused"` first on CUDA only."""
     fused = _fused_unavailable(inner, where)
     if fused is not None:
         fused = [("torch-fused", Why(fused))]
@@ -391,8 +343,7 @@ def describe(way, inner, want_states, options):
 
 
 def _not_native(options):
-    """What stops PyTorch's kernels (caller's-order and one-call), each
-    reason said once, for a Keras way's sentence; "" when none is hard."""
+    """The hard reasons that stop PyTorch's kernels, or ""."""
     found = dict(options)
     reasons = []
     for way in ("torch-unpacked", "torch-fused"):
@@ -433,26 +384,16 @@ def _describe_fused(inner, options):
 
 
 def run_fused(way, inners, x, steps, initial_states, training, want_states):
-    """Every direction of a call in one kernel call (`"torch-fused"`):
-    `maskedrnn.backends`' one-call interface, `torch_fused.run`."""
+    """Every direction of a call in one kernel call (`torch_fused.run`)."""
     if way != "torch-fused":
         raise NotImplementedError(f"{way!r} is not a one-call way of torch")
     return torch_fused.run(inners, x, steps, initial_states, want_states)
 
 
 def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`.
-
-    The torch ways: `"torch-packed"` runs only the valid steps, packed as
-    `torch.nn.utils.rnn.pack_padded_sequence` packs them, and returns the
-    exact final states; `"torch-unpacked"` runs every step of `x` (whose
-    padded tail the caller has zeroed) and, with `want_states`, returns the
-    states after each row's last valid step too (`h` read off the outputs,
-    an LSTM's `c` from the kernel, its padded steps made no-ops for `c`).
-    """
+    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
     if way == "torch-fused":
-        # One direction per call (the plan's valid-first route: input
-        # dropout, or directions on different ways).
+        # One direction alone: input dropout, or directions on other ways.
         y, states = torch_fused.run([inner], x, steps, [initial_state], want_states)
         return y, states[0] if want_states else []
     if not way.startswith("torch"):
@@ -473,9 +414,7 @@ def run_native(way, inner, x, initial_state, steps, want_states):
 
 
 def layout(steps):
-    """The `Layout` of a batch for `run_direction` (computed once per call,
-    shared by both directions), from its `Steps` in the reading order: the
-    mask, and the lengths where the call knows them already."""
+    """The `Layout` of a batch, shared by both directions of a call."""
     return Layout(steps.mask, steps.known_lengths)
 
 
@@ -489,8 +428,7 @@ def run_direction(
     place="zeros",
     want_states=True,
 ):
-    """One direction on PyTorch's kernel `way`, from and back to the
-    caller's order (`torch_direction.run_direction`)."""
+    """One direction on PyTorch's kernel `way`, in the caller's order."""
     return _run_direction(
         inner,
         x,

@@ -1,12 +1,7 @@
 """One masked direction on PyTorch's kernels, from and back to the caller's order.
 
-The torch-ops twin of the Keras-ops direction core (`maskedrnn.layers.
-direction`: valid steps first, reversed by each row's own length for a
-backward direction, padding never read, outputs placed back by Keras'
-conventions), for the kernels of `maskedrnn.backends.torch_kernels`:
-`run_direction` takes the batch in the caller's order and a `Layout` of its
-mask, and does the whole direction in about a dozen torch ops around the
-kernel (the Keras-ops path costs about fifty dispatches).
+The torch-ops twin of `maskedrnn.layers.direction`, in a few torch ops
+around the kernel instead of many Keras ones.
 """
 
 import functools
@@ -20,45 +15,24 @@ from maskedrnn.backends.torch_kernels import LSTM, as_tensor, with_padding_row
 class Layout:
     """Where each valid step of a masked batch goes, for `run_direction`.
 
-    Derived once per call from the batch's mask in the caller's order (any
-    pattern: left or right padding, holes, all-padding rows) and shared by
-    both directions of a bidirectional layer, so that a direction gathers
-    its kernel input straight from the caller's `x` (one `index_select`)
-    and puts each output straight back where the caller wants it (one
-    more): no valid-first copy in between, and about a dozen torch ops
-    around the kernel instead of about fifty Keras ones.
-
-    The kernel reads its input in one of two layouts. Step `k` (in reading
-    order) of row `b` is kernel row `row(k, b, packed)`:
-
-    - valid-first (`packed=False`, the unpacked kernel): `b * time + k`,
-      each row's valid steps first, its padded tail zeroed;
-    - packed (`packed=True`, as `torch.nn.utils.rnn.pack_padded_sequence`
-      packs): time-major, rows sorted by decreasing length, `batch_sizes[k]`
-      rows at step `k`, so `offsets[k] + slot[b]`.
+    Made once per call from the mask (any pattern) and shared by both
+    directions, so each gathers straight from the caller's `x` and puts its
+    outputs straight back. Step `k` of row `b` is kernel row `b * time + k`
+    valid-first, or `offsets[k] + slot[b]` packed (as
+    `pack_padded_sequence`: time-major, rows by decreasing length).
 
     Args:
-        mask: Bool `(batch, time)` tensor on the CPU: True at valid steps,
-            in the order of the `x` the directions will read.
-        lengths: Optional integer `(batch,)`, the valid steps of each row
-            when the call knows them already (`Steps.known_lengths`); else
-            they are read off the running count of valid steps the layout
-            needs anyway.
+        mask: Bool `(batch, time)` CPU tensor, True at valid steps.
+        lengths: Optional integer `(batch,)`, when already known.
 
     Attributes:
         batch, time: Python ints.
         lengths: Int64 `(batch,)`, valid steps per row.
         steps: Python int, the longest row's length (0: no valid step).
         total: Python int, the number of valid steps (packed rows).
-        batch_sizes: Int64 `(steps,)` on the CPU, as the packed kernels want
-            it (only when `steps > 0`).
-        active: Int64 `(batch_sizes[0],)`: the rows with at least one valid
-            step, by decreasing length (the packed kernel's final states are
-            theirs, in that order).
-
-    The packed form's fields (`batch_sizes`, `active` and the indices
-    behind `row`) are computed on first use: a call that runs the unpacked
-    kernel (training) never pays for them.
+        batch_sizes: Int64 `(steps,)` CPU tensor, for the packed kernels.
+        active: Int64 `(batch_sizes[0],)`: rows with a valid step, by
+            decreasing length, as the packed kernel's final states come.
     """
 
     def __init__(self, mask, lengths=None):
@@ -69,7 +43,7 @@ class Layout:
         self.count = torch.cumsum(mask, 1)
         if lengths is None:
             self.lengths = self.count[:, -1]
-        else:  # int64, as torch's index ops want the steps computed from it
+        else:  # int64, as torch's index ops want
             self.lengths = as_tensor(lengths).to(torch.int64)
         # Flat `b * time + t` of every valid step, row by row.
         self.valid = mask.reshape(-1).nonzero().squeeze(1)
@@ -77,8 +51,7 @@ class Layout:
         self.has_steps = self.lengths > 0
         self.steps = int(self.lengths.max()) if self.batch else 0
 
-    # The packed form's fields, computed on first use: a training call runs
-    # the unpacked kernel and never needs them (`packed_preferred`).
+    # The packed form's fields: on first use, as training never needs them.
 
     @functools.cached_property
     def _sorted(self):
@@ -115,14 +88,10 @@ class Layout:
         return b * self.time + k
 
     def read_index(self, packed, reverse=False):
-        """Int64: kernel row `p` reads flat step `index[p]` of `x`.
+        """Int64 `(rows(packed),)`: kernel row `p` reads flat step `index[p]`.
 
-        `(total,)` packed; `(batch * time,)` valid-first, where the rows of
-        a padded tail read flat step `batch * time`, a zero row appended to
-        `x` (`with_zero_row`): padding is never read. The forward direction
-        reads each row's valid steps in order; with `reverse=True` last to
-        first, each row by its own length (a backward direction reads
-        `3 2 1`, not `0 0 3 2 1`).
+        A padded tail reads the zero row `batch * time` (`with_zero_row`);
+        `reverse=True` reads each row's valid steps last to first.
         """
         count = self.count.take(self.valid)  # 1 .. length, in order
         rows = torch.div(self.valid, self.time, rounding_mode="floor")
@@ -136,15 +105,10 @@ class Layout:
         return self.total if packed else self.batch * self.time
 
     def place_index(self, place, packed, reverse=False):
-        """Int64 `(batch * time,)`: the kernel row whose output each step of
-        the caller's order takes; `rows(packed)`, a zero row appended to the
-        outputs (`with_zero_row`), where it takes zeros.
+        """Int64 `(batch * time,)`: the kernel row each caller step takes.
 
-        `place="zeros"`: each valid step its own output, zeros at masked
-        steps (`reverse` as in `read_index`). `"held"` / `"held_zeros"`
-        (forward reading only): Keras' `RNN` convention, the output of the
-        last valid step at or before each step, zeros before a row's first
-        valid step and, for `"held_zeros"`, at every masked step.
+        `rows(packed)`, the appended zero row, gives zeros; `place` as in
+        `run_direction`.
         """
         if place == "zeros":
             rank = self.lengths[:, None] - self.count if reverse else self.count - 1
@@ -160,8 +124,7 @@ class Layout:
         return index.reshape(-1)
 
     def last_index(self, packed):
-        """Int64 `(batch,)`: the kernel row of each row's last valid step;
-        `rows(packed)`, the appended zero row, for a row with none."""
+        """Int64 `(batch,)`: kernel row of each row's last valid step, or zeros."""
         last = (self.lengths - 1).clamp(min=0)
         rows = torch.arange(self.batch)
         return torch.where(
@@ -170,10 +133,7 @@ class Layout:
 
 
 def with_zero_row(t):
-    """`t` of shape `(n, size)` with a row of zeros appended, so that
-    gathering row `n` reads zeros. On a CPU a concatenation and a gather
-    cost less than a gather and a masked fill, and read no padding at
-    all."""
+    """`t` `(n, size)` with a zero row `n` appended: cheaper than a masked fill."""
     return torch.cat([t, t.new_zeros((1, t.shape[1]))])
 
 
@@ -190,13 +150,11 @@ def run_direction(
     packed=False,
     want_states=True,
 ):
-    """Runs one direction of a masked batch on PyTorch's kernel, from and
-    back to the caller's order: gather the valid steps, run the kernel, put
-    the outputs in place. The torch-only twin of `direction.run` followed by
-    the placement the layer asks for (the same results: tests/
-    test_torch_kernels.py and the parity tests, with and without gradients).
+    """Runs one direction of a masked batch on PyTorch's kernel.
 
-    Call only when `unavailable_reason(inner, x)` is None.
+    Gathers the valid steps, runs the kernel, and puts the outputs back in
+    the caller's order; as `direction.run` plus the placement. Call only
+    when `unavailable_reason(inner, x)` is None.
 
     Args:
         inner: The inner LSTM, GRU or SimpleRNN layer.
@@ -205,24 +163,18 @@ def run_direction(
         initial_state: List of `(batch, units)` tensors (`[h, c]` for an
             LSTM, `[h]` otherwise), or None for zeros.
         layout: The batch's `Layout`.
-        reverse: Bool, whether this direction reads each row's valid steps
-            last to first (a bidirectional layer's backward direction).
-            Defaults to `False`.
-        place: Where the outputs go, in the caller's order: `"zeros"` (each
-            valid step's own output, zeros at masked steps: the
-            `Bidirectional` convention, `direction.in_place`), `"held"` or
-            `"held_zeros"` (Keras' `RNN` convention, `direction.held`, without
-            and with `zero_output_for_mask`; forward reading only), `"last"`
-            (the output after each row's last valid step, zeros for a row
-            with none: `direction.last_output`). Defaults to `"zeros"`.
-        packed: Bool: the packed kernel (only the valid steps run, final
-            states exact from the kernel; for inference,
-            `packed_preferred`) or the unpacked one over valid-first data
-            (final `h` read at each row's length, an LSTM's `c` the
-            kernel's own, its padded steps made no-ops for `c` by
-            `saturated_lstm`). Defaults to `False`.
-        want_states: Bool, whether to return the final states (the unpacked
-            form skips their work otherwise). Defaults to `True`.
+        reverse: Bool, read each row's valid steps last to first (a
+            backward direction). Defaults to `False`.
+        place: Where the outputs go: `"zeros"` (zeros at masked steps,
+            `Bidirectional`'s convention), `"held"` or `"held_zeros"` (the
+            last valid output repeated, Keras' `RNN` convention, without and
+            with `zero_output_for_mask`; forward only) or `"last"` (each
+            row's last valid output, zeros for a row with none). Defaults to
+            `"zeros"`.
+        packed: Bool: the packed kernel (valid steps only; inference) or
+            the unpacked one over valid-first data. Defaults to `False`.
+        want_states: Bool, whether to return the final states. Defaults to
+            `True`.
 
     Returns:
         `(outputs, states)`: outputs `(batch, time, units)`, or `(batch,
@@ -250,17 +202,14 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
     else:
         states = [as_tensor(state).to(dtype) for state in initial_state]
     if packed and layout.steps == 0:
-        # No row has a valid step: no kernel call, zeros and the initial
-        # states (packed runs record no gradient, `packed_preferred`).
+        # No valid step anywhere: zeros and the initial states.
         shape = (batch, units) if place == "last" else (batch, time, units)
         return x.new_zeros(shape), states if want_states else []
     x = x.reshape(batch * time, x.shape[2])
     index = layout.read_index(packed, reverse)
     if packed:
-        # Only valid steps are read.
         data = x.index_select(0, index)
-        # PyTorch's states are (num_layers * num_directions, rows, units),
-        # for the rows that have at least one step.
+        # States (num_layers * num_directions, rows, units), active rows.
         active = layout.active
         hx = [state.index_select(0, active)[None] for state in states]
         params, fn, hx = torch_kernels._kernel(inner, hx)
@@ -268,8 +217,7 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         out, *final = fn(
             data, layout.batch_sizes, hx, params, *torch_kernels._flags(cell)
         )
-        # Final states of the active rows into their places; the others
-        # keep their initial state.
+        # Rows with no valid step keep their initial state.
         if want_states:
             states = [
                 state.index_copy(0, active, last[0])
@@ -287,8 +235,7 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
             out = torch_kernels._unpacked(inner, data, states)
         out = with_zero_row(out.reshape(batch * time, units))
         if want_states:
-            # h is the output after each row's last valid step (the initial
-            # h for an empty row); an LSTM's c is the kernel's own.
+            # h read off the outputs; an LSTM's c is the kernel's own.
             has_steps = layout.has_steps[:, None]
             h = out.index_select(0, layout.last_index(False))
             states = [torch.where(has_steps, h, states[0])] + (
@@ -297,17 +244,6 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
     if not want_states:
         states = []
     if place == "last":
-        # An RNN's output is its h: the output after the last valid step.
         return out.index_select(0, layout.last_index(packed)), states
     y = out.index_select(0, layout.place_index(place, packed, reverse))
     return y.reshape(batch, time, units), states
-
-
-# Added to the forget gate's pre-activation at a padded step by
-# `saturated_lstm` (and subtracted from the input gate's). Any value that
-# dwarfs `|h @ W_hh + b|` there (the input is zero, |h| < 1) saturates both
-# sigmoids; 1e15 leaves a margin of 1e14 for the weights in float32,
-# float64 and bfloat16 and keeps finite the gradient PyTorch computes for
-# the padding flag (which is discarded). float16 (the weights' values under
-# a mixed-precision outer layer's autocast) ends at 65504: 1e4 there, still
-# exactly 0 at a valid step (0 * 1e4) and a margin of 9e3 at a padded one.

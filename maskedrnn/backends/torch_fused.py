@@ -1,39 +1,10 @@
 """Every direction of a call in one PyTorch kernel call: the `"torch-fused"` way.
 
-`run` hands both directions of a bidirectional LSTM or GRU to one
-`torch._VF.lstm` / `torch._VF.gru` call with `bidirectional=True` (the one
-fused cuDNN call Keras' unmasked `Bidirectional` makes on CUDA; on a CPU
-PyTorch's own kernels compute the same equations), or the one direction of
-a `MaskedRNN` to the one-direction form, over valid-first data: each row's
-valid steps first, its padded tail zeros.
-
-The padded tail is made to hold the state, so that no gather reverses a
-row and no pass recomputes a state. The input gets one more feature, the
-padding flag (1 at a padded step, 0 at a valid one), and `W_ih` one more
-column, the flag's weights: `+_SATURATION` on an LSTM's forget gate and
-`-_SATURATION` on its input gate (f = 1, i = 0, so `c_t = c_{t-1}`
-exactly), `+_SATURATION` on a GRU's update gate (z = 1, so `h_t = h_{t-1}`,
-to one rounding per padded step on PyTorch's CPU kernel, which computes
-`(h - n) z + n`). At a valid step the flag adds exactly zero. Zero
-columns (input and weights) follow the flag up to a multiple of `ALIGN`
-input features: cuDNN's input GEMM keeps tensor cores for such widths
-(D=512 would give 513), and zeros change no value and no gradient. Then:
-
-- the forward direction reads each row's valid steps and then its tail:
-  its outputs at the valid steps are exact, its final `h` is read at the
-  row's last valid step (an LSTM's `h` is not held over the tail:
-  `o * tanh(c)` changes with `o`), its final `c` is the kernel's own;
-- the backward direction crosses the tail first, from the initial state,
-  then reads the row's valid steps last to first: exact when the tail
-  leaves its initial state as it is. A GRU's is held; an LSTM's `c` is
-  held and, from a zero state, `h = o * tanh(0) = 0` too. An LSTM's given
-  initial state is not held (`o * tanh(c0) != h0`): then the backward
-  direction runs in its own one-direction call over its rows reversed by
-  their lengths (`run` does this by itself; `kernel_info()` says so).
-
-No host sync in the call: no `.item()`, `nonzero()`, `int(max)` or copy to
-the CPU; the lengths stay on the device (tests/test_torch_fused.py checks
-this on a CPU by making those calls raise).
+Both directions of a bidirectional LSTM or GRU go to one
+`torch._VF.lstm`/`gru` call with `bidirectional=True` (the cuDNN call of
+Keras' unmasked `Bidirectional`) over valid-first data, a padding flag
+holding the state over each row's tail (docs/design.md, "Kernels, one per
+backend"). No host sync: the lengths stay on the device (tested).
 """
 
 import torch
@@ -50,42 +21,31 @@ from maskedrnn.backends.torch_kernels import (
 )
 
 KINDS = (LSTM, GRU)
-# The kernel's input width (features, the flag, zero columns) is a multiple
-# of this: cuDNN's GEMMs use tensor cores for such widths.
+# Input widths that are multiples of this keep cuDNN's tensor cores.
 ALIGN = 8
 
 
 def extra_columns(features):
-    """How many zero columns follow the flag so that `features + 1 +
-    extra_columns(features)` is a multiple of `ALIGN`."""
+    """Zero columns after the flag that align the input width to `ALIGN`."""
     return -(features + 1) % ALIGN
 
 
 def compute_dtype(inner):
-    """The torch dtype the kernel runs in: the inner layer's compute dtype
-    (float16 or bfloat16 under a mixed-precision policy)."""
+    """The torch dtype of the inner layer's compute dtype."""
     return getattr(torch, inner.cell.compute_dtype)
 
 
 def _fused_params(cell):
-    """`[W_ih, W_hh(, b_ih, b_hh)]` of one direction, in PyTorch's layout and
-    the cell's compute dtype, `W_ih` with the padding flag's column after
-    the features' and then `extra_columns` zero columns.
+    """`[W_ih, W_hh(, b_ih, b_hh)]` of one direction, with the flag's columns.
 
-    LSTM: Keras' gate order i, f, c, o is PyTorch's i, f, g, o; the flag's
-    weights are `-S` (i), `+S` (f), 0, 0; Keras' one bias becomes `b_ih`,
-    `b_hh` is zero. GRU (reset-after): Keras' z, r, h become PyTorch's r,
-    z, n (`_swap_zr`); the flag's weights `+S` on z; the bias rows are
-    `b_ih` and `b_hh`. `W_ih` costs one copy (two for a GRU: the gate
-    reorder), `W_hh` one (the transpose cuDNN's weight buffer is filled
-    from; a GRU's reorder in the same copy).
+    The flag saturates an LSTM's input gate to 0 and forget gate to 1, a
+    GRU's update gate to 1; `extra_columns` zero columns follow it.
     """
     dtype = getattr(torch, cell.compute_dtype)
     kernel = as_tensor(cell.kernel).to(dtype)
     recurrent = as_tensor(cell.recurrent_kernel).to(dtype)
     units = recurrent.shape[0]
     value = _SATURATION_FLOAT16 if dtype == torch.float16 else _SATURATION
-    # The flag's row, then the alignment's zero rows (`extra_columns`).
     flag = kernel.new_zeros((1 + extra_columns(kernel.shape[0]), kernel.shape[1]))
     lstm = recurrent.shape[1] == 4 * units
     if lstm:
@@ -109,24 +69,20 @@ def _fused_params(cell):
 
 
 def run(inners, x, steps, initial_states, want_states):
-    """Runs `inners` (one direction, or forward and backward) over
-    valid-first `x` in one kernel call: `maskedrnn.backends`' `run_fused`
-    contract.
+    """Runs one or two directions over valid-first `x` in one kernel call.
 
     Args:
         inners: List of one or two built inner LSTMs or GRUs of the same
-            type, units and bias (`fused_why`).
-        x: Float `(batch, time, features)`, valid-first, zeros at padded
-            positions.
+            type, units and bias.
+        x: Float `(batch, time, features)`, valid-first, padded steps zero.
         steps: The batch's `maskedrnn.steps.Steps`.
         initial_states: List, one per inner: its `[h, c]` / `[h]` or None.
         want_states: Bool, whether to return the final states.
 
     Returns:
         `(outputs, states)`: outputs `(batch, time, units * len(inners))`,
-        aligned to valid-first positions (unspecified finite values at
-        padded ones), and one list of final states per inner (`[]` each
-        when `want_states` is False).
+        valid-first, finite but unspecified at padded steps, and the final
+        states of each inner (`[]` without `want_states`).
     """
     lstm = type(inners[0]) is LSTM
     if len(inners) == 2 and lstm and initial_states[1] is not None:
@@ -136,8 +92,6 @@ def run(inners, x, steps, initial_states, want_states):
     batch, time = x.shape[0], x.shape[1]
     units = as_tensor(inners[0].cell.recurrent_kernel).shape[0]
     valid = as_tensor(steps.valid)
-    # The padding flag: 1 at a padded step, 0 at a valid one; then zero
-    # columns up to a multiple of ALIGN features.
     flag = torch.logical_not(valid).to(dtype)[..., None]
     extra = extra_columns(x.shape[2])
     if extra:
@@ -173,24 +127,23 @@ def run(inners, x, steps, initial_states, want_states):
         final = [h]
     if not want_states:
         return out, [[] for _ in inners]
-    # Forward: h is the output at each row's last valid step (the initial
-    # h for a row with none), c the kernel's own (held over the tail).
+    # Forward: h read at each row's last valid step; c held over the tail.
     has_steps = as_tensor(steps.has_steps)
     last = as_tensor(steps.last).to(torch.int64)
     rows = torch.arange(batch, device=out.device) * time + last
     h_last = out.reshape(batch * time, -1).index_select(0, rows)[:, :units]
     states = [[torch.where(has_steps, h_last, hx[0][0])] + [s[0] for s in final[1:]]]
     if len(inners) == 2:
-        # Backward: the kernel's own final states (after valid step 0).
+        # Backward: the kernel's own, after valid step 0.
         states.append([s[1] for s in final])
     return out, states
 
 
 def _in_two_calls(inners, x, steps, initial_states, want_states):
-    """A bidirectional LSTM whose backward direction has an initial state:
-    the forward direction in one call, the backward one in another over its
-    rows reversed by their lengths (valid steps first again), its outputs
-    reversed back."""
+    """A backward LSTM with an initial state, which the tail would not hold.
+
+    It runs in its own call over its rows reversed by their lengths.
+    """
     forward, backward = inners
     y_f, states_f = run([forward], x, steps, initial_states[:1], want_states)
     reverse = as_tensor(steps.reverse)

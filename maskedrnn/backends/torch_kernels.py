@@ -1,19 +1,10 @@
 """PyTorch's RNN kernels in Keras' layout: parameters, calls, autograd.
 
-The compute half of the torch backend (`maskedrnn.backends.torch` decides
-when these run; `maskedrnn.backends.torch_direction` runs one direction
-from the caller's order around them). Keras' torch backend hands an
-unmasked `LSTM`/`GRU` to PyTorch's fused kernel (`torch.lstm`/`torch.gru`,
-cuDNN) on CUDA only; on a CPU it steps through time in Python, and
-`SimpleRNN` always runs Keras' generic loop. PyTorch's own kernels do the
-same arithmetic in C++ (docs/benchmarks.md). The outputs are the same
-function of the same weights (PyTorch's LSTM and reset-after GRU equations
-are Keras'; only the GRU gate order differs, see `_gru_params`), so
-gradients reach the Keras variables through PyTorch's autograd. One
-exception to "PyTorch's kernel": a GRU or SimpleRNN whose gradients are
-recorded runs `GRUFunction` / `SimpleRNNFunction`, the same equations in
-torch ops with a cheaper backward pass than the autograd replay of
-`torch.gru`'s / `torch.rnn_tanh`'s per-step ops (`autograd_function`).
+The compute half of the torch backend: Keras' weights in PyTorch's layout
+for `torch.lstm`/`gru`/`rnn_tanh`/`rnn_relu`, whose equations are Keras',
+so gradients reach the Keras variables. A GRU or SimpleRNN in training runs
+`GRUFunction`/`SimpleRNNFunction` instead (docs/design.md, "Kernels, one
+per backend").
 """
 
 import weakref
@@ -28,21 +19,17 @@ TANH = (keras.activations.tanh, torch.tanh, keras.ops.tanh)
 
 
 def autograd_function(inner):
-    """The `torch.autograd.Function` that runs the unpacked kernel for
-    `inner` now, or None for PyTorch's own kernel function: while gradients
-    are recorded, `GRUFunction` for a GRU and `SimpleRNNFunction` for a
-    SimpleRNN (the same equations with a cheaper backward pass; PyTorch's
-    LSTM training kernel is its fused oneDNN one, faster than either)."""
+    """`GRUFunction`/`SimpleRNNFunction` while gradients are recorded, else None.
+
+    An LSTM keeps PyTorch's fused oneDNN kernel, which trains faster.
+    """
     if not torch.is_grad_enabled():
         return None
     return {GRU: GRUFunction, SimpleRNN: SimpleRNNFunction}.get(type(inner))
 
 
 def _unpacked(inner, data, states):
-    """The outputs `(batch, time, units)` of the unpacked kernel over
-    `data` `(batch, time, features)` from `states` (a list of `(batch,
-    units)` tensors). With gradients recorded a GRU or SimpleRNN runs its
-    `autograd_function` (the same equations, a cheaper backward pass)."""
+    """Outputs `(batch, time, units)` of `inner` over `data` from `states`."""
     cell = inner.cell
     # PyTorch's states are (num_layers * num_directions, batch, units).
     params, fn, hx = _kernel(inner, [state[None] for state in states])
@@ -69,8 +56,7 @@ def _flags(cell):
 
 
 def _kernel(inner, hx):
-    """`(params, torch function, hx)` for `inner`; `hx` a list of
-    `(1, rows, units)` states."""
+    """`(params, torch function, hx)` for `inner`."""
     cell = inner.cell
     kind = type(inner)
     if kind is LSTM:
@@ -81,23 +67,15 @@ def _kernel(inner, hx):
     return _params(cell, _plain_params), fn, hx[0]
 
 
-# cell -> {make: (source tensors, their versions, params)}: the kernel's
-# params made without gradients by `make`, kept while the weights are
-# unchanged (an LSTM's params have two forms: `_plain_params` and
-# `_saturated_lstm_params`).
+# cell -> {make: (source tensors, their versions, params)}, for inference.
 _NO_GRAD_PARAMS = weakref.WeakKeyDictionary()
 
 
 def _params(cell, make):
     """`make(cell)`, the kernel's params in PyTorch's layout.
 
-    With gradients recorded they are made on every call (autograd must
-    connect them to the Keras variables). Without (inference), they are
-    made once and reused while every weight tensor is the same object at
-    the same version: PyTorch bumps a tensor's `_version` on each in-place
-    write, which is how Keras assigns a variable (`assign`, `set_weights`,
-    optimizer steps), so changed weights are never missed. This saves the
-    transposes (and the GRU's gate reorder) on each inference call.
+    Without gradients they are reused while each weight is the same tensor
+    at the same `_version`, which every Keras assignment bumps.
     """
     if torch.is_grad_enabled():
         return make(cell)
@@ -118,39 +96,25 @@ def _params(cell, make):
     return params
 
 
+# Dwarfs any |h @ W_hh + b| and keeps the flag's gradient finite; float16
+# ends at 65504.
 _SATURATION = 1e15
 _SATURATION_FLOAT16 = 1e4
 
 
 def with_padding_row(t):
-    """`t` of shape `(n, features)` with a zero column appended (the padding
-    flag) and then the row `[0, ..., 0, 1]`: gathering row `n` reads a
-    padded step, zeros with the flag set (`saturated_lstm`)."""
+    """`t` `(n, features)` plus a zero flag column and a padded-step row `n`."""
     padded = torch.nn.functional.pad(t, (0, 1, 0, 1))
     padded[-1, -1] = 1.0
     return padded
 
 
 def saturated_lstm(inner, data, states):
-    """An LSTM over valid-first `data` whose padded steps leave `c` as it is,
-    so that the unpacked (fused oneDNN) kernel's final `c` is the cell state
-    after each row's last valid step, exact.
+    """An LSTM whose padded steps keep `c`, so its final `c` is exact.
 
-    The cell update is `c_t = f_t * c_{t-1} + i_t * g_t`. `data` has one
-    feature more than the layer reads, the padding flag (1 at a padded
-    step, 0 at a valid one: `with_padding_row`), and `W_ih` one column
-    more: `+_SATURATION` for the forget gate, `-_SATURATION` for the input
-    gate, 0 for the others (`_saturated_lstm_params`). At a valid step the
-    flag adds exactly zero: gates, outputs and states are the LSTM's own.
-    At a padded step the forget gate's sigmoid is exactly 1 and the input
-    gate's exactly 0 (or a denormal, below the rounding of any `c`), so
-    `c_t = c_{t-1}`: the tail carries each row's `c` to the end unchanged,
-    and no gradient flows into the tail's gates (both sigmoid derivatives
-    are 0 there). Only `c` passes through: `h` over the tail is not the
-    row's final `h`, which is read off the outputs. The price is one input
-    feature; the alternatives cost more (PyTorch's packed LSTM in
-    inference, a second pass over every step to recompute `c` in training:
-    docs/benchmarks.md, "An LSTM's exact states on torch").
+    A padding-flag feature with weights of +-`_SATURATION` saturates the
+    forget gate to 1 and the input gate to 0 at padded steps only
+    (docs/design.md, "Kernels, one per backend").
 
     Args:
         inner: The inner LSTM layer.
@@ -160,9 +124,8 @@ def saturated_lstm(inner, data, states):
         states: `[h0, c0]`, `(batch, units)` each.
 
     Returns:
-        `(outputs, c)`: the output sequence `(batch, time, units)` (over
-        the padded tail: not the LSTM's outputs, never to be read) and the
-        kernel's final `c` `(batch, units)`.
+        `(outputs, c)`: outputs `(batch, time, units)`, not to be read over
+        the padded tail, and the final `c` `(batch, units)`.
     """
     params = _params(inner.cell, _saturated_lstm_params)
     hx = (states[0][None], states[1][None])
@@ -172,12 +135,7 @@ def saturated_lstm(inner, data, states):
 
 
 def as_tensor(value):
-    """The torch tensor of a Keras variable (its `.value`: autocast and
-    stateless scopes apply, as in `keras.ops.convert_to_tensor`) or of a
-    tensor. Tensors reaching this module were converted by the layer's
-    checks already (on Keras' device), so they pass as they are: the
-    generic conversion costs a few microseconds per call, about ten times
-    per direction."""
+    """The torch tensor of a Keras variable or tensor, skipping a conversion."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, keras.Variable):
@@ -186,16 +144,10 @@ def as_tensor(value):
 
 
 def _plain_params(cell):
-    """`[W_ih, W_hh(, b_ih, b_hh)]` of `torch.lstm` / `torch.rnn_tanh` /
-    `torch.rnn_relu` from a Keras LSTMCell or SimpleRNNCell.
+    """`[W_ih, W_hh(, b_ih, b_hh)]` of an LSTMCell or SimpleRNNCell.
 
-    LSTM. Keras: kernel `(D, 4U)`, recurrent_kernel `(U, 4U)`, bias `(4U,)`,
-    gates ordered i, f, c, o along the last axis. PyTorch: W_ih `(4U, D)`,
-    W_hh `(4U, U)`, b_ih and b_hh `(4U,)`, gates i, f, g, o: the same order,
-    so the matrices are only transposed.
-    SimpleRNN. Keras: kernel `(D, U)`, recurrent_kernel `(U, U)`, bias
-    `(U,)`; PyTorch: the transposes, b_ih and b_hh `(U,)`.
-    Keras has one bias: it becomes b_ih, and b_hh is zero.
+    Same gate order (i, f, g, o), so the kernels are only transposed; Keras'
+    one bias becomes `b_ih` and `b_hh` is zero.
     """
     params = [as_tensor(cell.kernel).T.contiguous()]
     params.append(as_tensor(cell.recurrent_kernel).T.contiguous())
@@ -206,11 +158,7 @@ def _plain_params(cell):
 
 
 def _saturated_lstm_params(cell):
-    """`_plain_params` of an LSTMCell with one column appended to `W_ih`
-    `(4U, D)` -> `(4U, D + 1)`, the weights of `saturated_lstm`'s padding
-    flag: per gate block (PyTorch's and Keras' order i, f, g, o)
-    `-_SATURATION`, `+_SATURATION`, 0, 0. A constant: no gradient reaches it
-    (the other weights get theirs through `_plain_params`)."""
+    """`_plain_params` with `W_ih`'s constant padding-flag column appended."""
     params = _plain_params(cell)
     w_ih = params[0]
     units = w_ih.shape[0] // 4
@@ -223,22 +171,12 @@ def _saturated_lstm_params(cell):
 
 
 def _swap_zr(w):
-    # Keras GRU gate blocks z, r, h on the last axis -> PyTorch's r, z, n: the
-    # one definition of this permutation lives with the weight converters.
+    # Keras' z, r, h -> PyTorch's r, z, n, as the weight converters do it.
     return swap_gru_zr(w, -1, torch.chunk, torch.cat)
 
 
 def _gru_params(cell):
-    """`[W_ih, W_hh(, b_ih, b_hh)]` of `torch.gru` from a Keras GRUCell with
-    `reset_after=True`.
-
-    Keras: kernel `(D, 3U)`, recurrent_kernel `(U, 3U)`, gates z, r, h along
-    the last axis; bias `(2, 3U)`, row 0 the input bias and row 1 the
-    recurrent bias (reset-after keeps them apart because the reset gate
-    multiplies `h @ W_hh + b_hh`, exactly as in PyTorch). PyTorch: W_ih
-    `(3U, D)`, W_hh `(3U, U)`, b_ih and b_hh `(3U,)`, gates r, z, n. So each
-    block is reordered z, r, h -> r, z, h, then the matrices transposed.
-    """
+    """`[W_ih, W_hh(, b_ih, b_hh)]` of a reset-after GRUCell: gates swapped."""
     params = [_swap_zr(as_tensor(cell.kernel)).T.contiguous()]
     params.append(_swap_zr(as_tensor(cell.recurrent_kernel)).T.contiguous())
     if cell.use_bias:
@@ -248,57 +186,25 @@ def _gru_params(cell):
 
 
 def _recurrent_weight_grad(d, h0, y):
-    """The gradient of `W_hh` in `h_{t-1} W_hh^T`: the sum over steps of
-    `d_t^T h_{t-1}`, from `d` `(time * batch, gates * units)` (time-major)
-    and the states `h0` `(batch, units)` and `y` `(time, batch, units)`
-    (`h_{-1} = h0`, `h_{t-1} = y_{t-1}`): two matmuls over all steps."""
+    """Sum over steps of `d_t^T h_{t-1}`, time-major, in two matmuls."""
     batch, units = h0.shape
     grad = d[:batch].t().mm(h0)
     return grad.addmm_(d[batch:].t(), y[:-1].reshape(-1, units))
 
 
 class GRUFunction(torch.autograd.Function):
-    """One GRU direction for training on a CPU: PyTorch's equations, a
-    backward pass with one small matmul per step.
+    """One GRU direction for training: `torch.gru`'s equations, a cheaper backward.
 
-    `torch.gru` records its steps for autograd op by op, and its backward
-    pass replays them: per step two small matmuls (the gradients of the
-    previous state and of the recurrent weights) and about twenty more
-    ops. This forward pass runs the same equations step by step in torch
-    ops and keeps the gates; the backward pass then computes each step's
-    local derivatives for all steps at once (a few elementwise ops over
-    the whole sequence), runs only the recurrence of the state's gradient
-    backwards (per step an elementwise product, an `addcmul` and one
-    `(batch, 3 units) x (3 units, units)` matmul) and gets the gradients
-    of the weights and the inputs with one matmul each over all steps:
-    faster in training than `torch.gru`'s autograd replay on a CPU
-    (docs/benchmarks.md).
+    The backward pass runs only the state gradient's recurrence step by
+    step, one matmul per step, and the rest over all steps at once. Once
+    differentiable: a second derivative raises.
 
-    Equations (PyTorch's gate order r, z, n; `*` elementwise; `h_{-1}`
-    the initial state):
+        r, z = sigmoid(gi_rz + gh_rz),  n = tanh(gi_n + r * gh_n)
+        h_t = n + z * (h_{t-1} - n)
 
-        gi_t = x_t W_ih^T + b_ih,  gh_t = h_{t-1} W_hh^T + b_hh
-        r_t = sigmoid(gi_r + gh_r),  z_t = sigmoid(gi_z + gh_z)
-        n_t = tanh(gi_n + r_t * gh_n)
-        h_t = n_t + z_t * (h_{t-1} - n_t)
-
-    Backward, with `dh_t` the whole gradient reaching `h_t` (from the
-    output `y_t = h_t` and from step `t + 1`) and `a_t = (1 - z_t)(1 -
-    n_t^2)`:
-
-        d gh_r = dh_t * a_t * gh_n * r_t (1 - r_t)
-        d gh_z = dh_t * (h_{t-1} - n_t) * z_t (1 - z_t)
-        d gh_n = dh_t * a_t * r_t,      d gi_n = dh_t * a_t
-        d gi_r, d gi_z = d gh_r, d gh_z
-        dh_{t-1} = dy_{t-1} + dh_t * z_t + d gh_t W_hh
-
-    Its backward pass is not differentiable again (`once_differentiable`):
-    a second derivative through it raises an error, never a wrong number.
-
-    `GRUFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh)`: `x` `(batch, time,
-    features)` with `batch, time > 0`, `h0` `(batch, units)`, the weights
-    in PyTorch's layout (`_gru_params`), the biases None without biases.
-    Returns the outputs `(batch, time, units)`.
+    `apply(x, h0, w_ih, w_hh, b_ih, b_hh)`: `x` `(batch, time, features)`,
+    both > 0, `h0` `(batch, units)`, `_gru_params` weights (biases may be
+    None); returns the outputs `(batch, time, units)`.
     """
 
     @staticmethod
@@ -309,11 +215,8 @@ class GRUFunction(torch.autograd.Function):
         xt = x.transpose(0, 1).reshape(time * batch, features)
         w_ih_t, w_hh_t = w_ih.t(), w_hh.t()
         gi = xt.mm(w_ih_t) if b_ih is None else torch.addmm(b_ih, xt, w_ih_t)
-        # Few large buffers: on a CPU each fresh one costs page faults, about
-        # a tenth of the step at the benchmark's size. Each step overwrites
-        # its block of gi with its gates r | z | n once read; of the hidden
-        # side h_{t-1} W_hh^T + b_hh (one reused (batch, 3 units) block) the
-        # backward pass needs only the n part, kept in gh_n.
+        # Few large buffers, as each fresh one costs page faults: each step
+        # overwrites its gi block with its gates, and keeps only gh's n part.
         gates = gi.view(time, batch, 3 * units)
         gh = x.new_empty(batch, 3 * units)
         gh_rz, gh_n_t = gh[:, : 2 * units], gh[:, 2 * units :]
@@ -343,8 +246,7 @@ class GRUFunction(torch.autograd.Function):
         time, batch, units = y.shape
         r, z = gates[..., :units], gates[..., units : 2 * units]
         n = gates[..., 2 * units :]
-        # Each step's local derivatives, all steps at once; `coef[t]` holds
-        # d gh_t / dh_t for the blocks r, z, n.
+        # `coef[t]`: d gh_t / dh_t for the blocks r, z, n, all steps at once.
         coef = y.new_empty(time, batch, 3, units)
         one_minus = torch.sub(1, z)
         a = torch.mul(n, n).neg_().add_(1).mul_(one_minus)  # (1-z)(1-n^2)
@@ -357,8 +259,7 @@ class GRUFunction(torch.autograd.Function):
         torch.mul(a, gh_n, out=coef[:, :, 0]).mul_(one_minus)
         torch.mul(a, r, out=coef[:, :, 2])
         del one_minus
-        # The recurrence: dh[t] is the whole gradient reaching h_t; coef[t]
-        # becomes d gh_t = coef[t] * dh[t] (in place: read once).
+        # dh[t]: the whole gradient reaching h_t; coef[t] becomes d gh_t.
         grad_y = grad_y.transpose(0, 1)
         dh = y.new_empty(time, batch, units)
         dh[-1] = grad_y[-1]
@@ -371,8 +272,7 @@ class GRUFunction(torch.autograd.Function):
         dgh_t[0].mul_(dh_t[0][:, None])
         dgh = coef.view(time * batch, 3 * units)
         grad_h0 = torch.mul(dh_t[0], z_t[0]).addmm_(dgh[:batch], w_hh)
-        # The input side's gate gradients: r and z as the hidden side's
-        # (dgh's first two blocks), n without the reset gate (in a's memory).
+        # Input side: r and z as the hidden side's, n without the reset gate.
         dgi_rz = dgh[:, : 2 * units]
         dgi_n = a.mul_(dh).view(time * batch, units)
         grad_x = grad_w_ih = grad_w_hh = grad_b_ih = grad_b_hh = None
@@ -394,43 +294,19 @@ class GRUFunction(torch.autograd.Function):
 
 
 class SimpleRNNFunction(torch.autograd.Function):
-    """One SimpleRNN direction for training on a CPU: PyTorch's equations
-    (`torch.rnn_tanh` / `torch.rnn_relu`), a backward pass with one small
-    matmul per step.
+    """One SimpleRNN direction for training, as `GRUFunction`.
 
-    As `GRUFunction`: the forward pass runs the steps in torch ops (the
-    input projections of all steps in one matmul, per step one `addmm_`
-    and the activation in place) and keeps the outputs; the backward pass
-    runs only the recurrence of the state's gradient step by step (per
-    step an elementwise product and one `(batch, units) x (units, units)`
-    matmul) and gets the gradients of the weights and the inputs with one
-    matmul each over all steps, where autograd's replay of `torch.rnn_tanh`
-    runs several ops and two matmuls per step (docs/benchmarks.md).
+        h_t = f(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh),  f tanh or relu
 
-    Equations (`h_{-1}` the initial state, `f` tanh or relu):
-
-        h_t = f(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)
-
-    Backward, with `dh_t` the whole gradient reaching `h_t` (from the
-    output `y_t = h_t` and from step `t + 1`) and `f'` read off the output
-    (`1 - h_t^2` for tanh; `h_t > 0` for relu, as PyTorch's relu backward):
-
-        d pre_t = dh_t * f'_t,   dh_{t-1} = dy_{t-1} + d pre_t W_hh
-
-    Once differentiable, as `GRUFunction`.
-
-    `SimpleRNNFunction.apply(x, h0, w_ih, w_hh, b_ih, b_hh, relu)`: `x`
-    `(batch, time, features)` with `batch, time > 0`, `h0` `(batch,
-    units)`, the weights in PyTorch's layout (`_plain_params`), the biases
-    None without biases, `relu` a bool (False: tanh). Returns the outputs
-    `(batch, time, units)`.
+    `apply(x, h0, w_ih, w_hh, b_ih, b_hh, relu)`: as `GRUFunction`, with
+    `_plain_params` weights and `relu` a bool (False: tanh).
     """
 
     @staticmethod
     def forward(ctx, x, h0, w_ih, w_hh, b_ih, b_hh, relu):
         batch, time, features = x.shape
         units = h0.shape[1]
-        # Time-major: step t is one contiguous block, which becomes h_t.
+        # Time-major: step t's block becomes h_t.
         xt = x.transpose(0, 1).reshape(time * batch, features)
         w_ih_t, w_hh_t = w_ih.t(), w_hh.t()
         if b_ih is None:
@@ -451,7 +327,7 @@ class SimpleRNNFunction(torch.autograd.Function):
     def backward(ctx, grad_y):
         xt, h0, w_ih, w_hh, y = ctx.saved_tensors
         time, batch, units = y.shape
-        # f' of every step at once, in the buffer that becomes d pre.
+        # f' of every step, read off the outputs, in the buffer of d pre.
         if ctx.relu:
             dpre = (y > 0).to(y.dtype)
         else:

@@ -1,10 +1,8 @@
 """PyTorch CPU thread count for small models (torch backend only).
 
-PyTorch sizes its intra-op thread pool to every core. For models as small as
-the demo's (a 64-unit LSTM, batches of 32) the per-op work is too small to
-split, and on a busy machine the pool's threads wait on each other, so
-the demo and the bench default to one thread. Other backends are left
-alone.
+A small model's per-op work is too small to split over PyTorch's thread
+pool, whose threads then wait on each other: the demo and the bench default
+to one thread.
 """
 
 import contextlib
@@ -12,8 +10,6 @@ import os
 
 from maskedrnn import backends
 
-# Thread count for small models when neither the caller nor OMP_NUM_THREADS
-# says otherwise.
 SMALL_MODEL_THREADS = 1
 
 
@@ -21,9 +17,8 @@ def resolve_threads(threads=None):
     """The intra-op thread count the demo uses on torch.
 
     Args:
-        threads: Int >= 1, or `None` (default): the value of the
-            `OMP_NUM_THREADS` environment variable when it is a positive
-            int, else `SMALL_MODEL_THREADS`.
+        threads: Int >= 1, or `None` (default): `OMP_NUM_THREADS` when a
+            positive int, else `SMALL_MODEL_THREADS`.
 
     Returns:
         A pair `(count, source)`, `source` saying where the count comes from
@@ -39,9 +34,7 @@ def resolve_threads(threads=None):
 
 @contextlib.contextmanager
 def torch_cpu_threads(count):
-    """Runs the block with `torch.set_num_threads(count)`, then restores it.
-
-    On another backend nothing changes and the block receives `None`.
+    """Runs the block with `torch.set_num_threads(count)`; a no-op elsewhere.
 
     Args:
         count: Int >= 1, PyTorch's intra-op thread count inside the block.
