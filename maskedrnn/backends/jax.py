@@ -1,31 +1,9 @@
 """The JAX backend: cuDNN's LSTM on a GPU, length tiers, Keras' layers.
 
-JAX has no fused RNN kernel without a GPU: Keras' JAX backend reaches cuDNN
-only on one, and its unmasked GRU kernel (a `lax.scan` over input
-projections computed up front) runs slower than its generic loop on a CPU.
-So there a Keras RNN that the length tiers (below) do not compute runs a
-`lax.scan` step loop, masked or not, at nearly the same cost: Keras' masked
-loop on the caller's order is exact and needs no valid-first reordering
-(`cpu_why`), unless the wrapped layer says `use_cudnn=True`. An LSTM whose
-final states are wanted follows TensorFlow's rule (`keras_ways.states_why`).
-
-On a CUDA GPU an LSTM runs `"jax-fused"` (`maskedrnn.backends.jax_fused`):
-both directions of a call in one `jax.experimental.rnn.lstm` call, cuDNN's
-LSTM with per-row sequence lengths, over valid-first data: cuDNN reverses
-each row by its own length for the backward direction and returns the
-exact final `[h, c]`. Elsewhere the way is forceable and runs
-`jax.experimental.rnn.lstm_ref`, the pure-JAX reference of that call (the
-same equations; slower than Keras' loop on a CPU, so not the default
-there).
-
-An LSTM, GRU or SimpleRNN elsewhere may run `"jax-tiers"`
-(`maskedrnn.backends.jax_tiers`): its rows sorted by length and run in
-length tiers, so padded steps are computed only until a tier's longest row
-ends, with exact final states and its own gradient; the default for an
-LSTM or GRU on a CPU, and for a GRU or SimpleRNN on a GPU (JAX has no
-cuDNN GRU). A SimpleRNN on a CPU runs Keras' masked loop, its step being
-too small for the tiers to gain. What the tiers do not compute exactly
-(`jax_tiers.equations_why`) runs Keras' layer.
+On a CUDA GPU an LSTM runs `"jax-fused"` (`jax_fused`, cuDNN). An LSTM or
+GRU on a CPU, and a GRU or SimpleRNN on a GPU, run `"jax-tiers"`
+(`jax_tiers`). The rest runs Keras' masked loop: without a GPU it costs
+about what the unmasked one does, and needs no reordering.
 """
 
 import jax
@@ -50,10 +28,7 @@ def is_concrete(x):
 
 
 def host_readable(x):
-    """True when `x`'s values can be read on the host with no device sync:
-    concrete (`is_concrete`) and not an array on an accelerator. Lengths on
-    a GPU are checked on the device instead (`maskedrnn._checks.
-    check_lengths`: bad rows come out NaN)."""
+    """True when `x`'s values can be read on the host with no device sync."""
     if not is_concrete(x):
         return False
     devices = getattr(x, "devices", None)
@@ -61,11 +36,9 @@ def host_readable(x):
 
 
 def invert_permutation(perm):
-    """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
-    tensor of permutations: a scatter (cheaper than an argsort on JAX)."""
+    """Inverts each row of int32 `(batch, time)` permutations (a scatter)."""
     shape = ops.shape(perm)
     batch, time = shape[0], shape[1]
-    # Flat destinations: row b's step t goes to slot b * time + perm[b, t].
     dest = perm + ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
     src = ops.broadcast_to(ops.expand_dims(ops.arange(time, dtype="int32"), 0), shape)
     flat = ops.scatter(
@@ -75,14 +48,12 @@ def invert_permutation(perm):
 
 
 def take_rows(flat, index):
-    """`flat[index]`: rows of `flat` (axis 0) gathered by an integer tensor
-    `index` of any shape (`keras.ops.take`)."""
+    """`flat[index]`, shape `index.shape + flat.shape[1:]`."""
     return ops.take(flat, index, axis=0)
 
 
 def has_fused_rnn_kernel():
-    """True when Keras' LSTM/GRU may run cuDNN here: Keras' own test (a
-    visible GPU, `_is_gpu_available()` of its backend's `rnn` module)."""
+    """True when Keras' LSTM/GRU may run cuDNN here, by Keras' own test."""
     from maskedrnn._keras_private import keras_backend_rnn
 
     return bool(keras_backend_rnn(NAME)._is_gpu_available())
@@ -103,8 +74,7 @@ _FLOAT64_SIMPLE_RNN = Why(
 
 
 def cpu_why(inner):
-    """None, or a soft `Why`: on a JAX CPU every RNN runs Keras' masked loop
-    (see the module docstring); not with `use_cudnn=True`."""
+    """A soft `Why` for Keras' masked loop on a CPU, else None."""
     if has_fused_rnn_kernel():
         return None
     if getattr(inner, "use_cudnn", "auto") is True:
@@ -125,9 +95,7 @@ _DIFFERENT_DIRECTIONS = Why(
 
 
 def fused_option_why(inner):
-    """None when `"jax-fused"` runs `inner` here and is preferred: a hard
-    `Why` when its equations are not the layer's
-    (`jax_fused.equations_why`), a soft one without a CUDA GPU."""
+    """None when `"jax-fused"` runs `inner` and is preferred, else a `Why`."""
     text = jax_fused.equations_why(inner)
     if text is not None:
         return Why(text)
@@ -137,9 +105,7 @@ def fused_option_why(inner):
 
 
 def fused_why(inners):
-    """None when `inners` can share one call of a one-call way, else a hard
-    `Why` (one cuDNN call, or one tiered recurrence: the same RNN type,
-    units and compute dtype)."""
+    """None when `inners` can share one call of a one-call way, else a `Why`."""
     text = jax_tiers.same_shapes_why(inners)
     if text is not None:
         return Why(text)
@@ -169,11 +135,11 @@ _SIMPLE_RNN_CPU = soft(
 
 
 def tiers_why(inner):
-    """None when `"jax-tiers"` runs `inner` exactly and is preferred: a
-    hard `Why` when its equations are not the layer's
-    (`jax_tiers.equations_why`), a soft one when the layer asks for cuDNN,
-    is an LSTM that Keras may run on cuDNN (a GPU; JAX has no cuDNN GRU,
-    so a GRU runs the tiers there), or is a SimpleRNN on a CPU."""
+    """None when `"jax-tiers"` runs `inner` exactly and is preferred.
+
+    Else a hard `Why` for other equations, or a soft one when cuDNN serves
+    the layer or it is a SimpleRNN on a CPU.
+    """
     text = jax_tiers.equations_why(inner)
     if text is not None:
         return Why(text)
@@ -198,8 +164,7 @@ _SYMBOLIC_SHAPE = Why(
 
 
 def static_shape_why(where):
-    """A hard `Why` when the inputs `where` (batch, time, features) have a
-    symbolic batch or time size, else None (weights, or concrete sizes)."""
+    """A hard `Why` when the inputs `where` have a symbolic batch or time."""
     shape = getattr(where, "shape", ())
     if len(shape) == 3 and not all(d is None or isinstance(d, int) for d in shape[:2]):
         return _SYMBOLIC_SHAPE
@@ -207,9 +172,7 @@ def static_shape_why(where):
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: the one-call cuDNN LSTM, the length
-    tiers, Keras' unmasked layer, else its masked loop (see the module
-    docstring)."""
+    """`[(way, why)]`, best first: cuDNN, tiers, Keras' unmasked, masked."""
     tiers = tiers_why(inner)
     if tiers is None or not tiers.hard:
         tiers = static_shape_why(where) or tiers
@@ -245,11 +208,7 @@ def describe(way, inner, want_states, options):
 
 
 def run_fused(way, inners, x, steps, initial_states, training, want_states):
-    """Every direction of a call in one call (`maskedrnn.backends`' one-call
-    interface): `"jax-fused"`, one `jax_fused.lstm` call (cuDNN on a CUDA
-    GPU, its reference `lstm_ref` elsewhere; outputs zeros at padded
-    positions), or `"jax-tiers"`, one tiered recurrence
-    (`jax_tiers.run_fused`)."""
+    """Every direction of a call in one `"jax-fused"` or `"jax-tiers"` call."""
     if way == TIERS:
         return jax_tiers.run_fused(inners, x, steps, initial_states, want_states)
     if way != FUSED:
@@ -269,9 +228,7 @@ def run_fused(way, inners, x, steps, initial_states, training, want_states):
 
 
 def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`. The
-    one-call way runs one direction here (the plan's valid-first route:
-    input dropout while training, or directions on different ways)."""
+    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
     if way == FUSED:
         y, states = run_fused(
             way, [inner], x, steps, [initial_state], training, want_states

@@ -1,34 +1,10 @@
 """The JAX backend's fused LSTM: every direction of a masked batch in one call.
 
-On a JAX GPU, `jax.experimental.rnn.lstm` runs cuDNN's LSTM over a batch
-with per-row `seq_lengths`. On *valid-first* data (each row's valid steps
-first, a padded tail after them; `maskedrnn.steps.Steps`) that one call is
-the whole masked layer: cuDNN runs each row to its own length, reads the
-backward direction from each row's own last valid step (it reverses each
-row by its length, so no reversal gathers are needed), and returns each
-row's exact final `h` and `c` (no cell-state recomputation). `lstm` wraps
-that call, `pack_weights` lays Keras' weights out as it reads them, and
-`why_not` says when the kernel computes a Keras layer's equations here.
-
-Decisions:
-
-- cuDNN fails on rows of length 0 (jax-ml/jax#17966): every row runs at
-  least one step (`seq_lengths` clamped to 1) and such a row's outputs and
-  final states are put back afterwards (zeros, the initial state) with a
-  `where`, through which no gradient reaches the step it ran.
-- `use_cudnn=False` runs `jax.experimental.rnn.lstm_ref`, JAX's reference of
-  the same call (a `lax.scan` that handles ragged lengths), on any device:
-  the kernel is tested on a CPU that way. It is a reference, not a fast
-  path: on a CPU Keras' masked loop stays the default
-  (`maskedrnn.backends.jax`).
-- Mixed precision: the cuDNN call is float32 only (JAX documents no other
-  dtype, and its lowering rejects float16 and bfloat16 outputs), so float16
-  and bfloat16 inputs are computed in float32 and the results cast back to
-  the input's dtype: the float32 results rounded once, close to Keras' own
-  masked loop under the same policy (which steps in float16 / bfloat16).
-  float64 does not run here (`why_not`): Keras' masked loop keeps it.
-- A JAX GPU GRU has no cuDNN kernel (`jax.experimental.rnn` has an LSTM
-  only): a masked GRU runs Keras' masked loop there (`why_not`).
+On a GPU, `jax.experimental.rnn.lstm` over valid-first data with per-row
+`seq_lengths` is the whole masked layer: cuDNN runs each row to its own
+length, both directions, with exact final states (docs/design.md, "Kernels,
+one per backend"). It is float32 only, so float16 and bfloat16 are computed
+in float32; `use_cudnn=False` runs JAX's reference `lstm_ref` on any device.
 """
 
 import contextlib
@@ -40,7 +16,6 @@ from jax.experimental import rnn as jax_rnn
 
 NAME = "jax-fused-lstm"
 
-# The compute dtypes the kernel serves (computed in float32, see above).
 DTYPES = ("float32", "float16", "bfloat16")
 
 _TANH = (keras.activations.tanh, keras.ops.tanh, jnp.tanh)
@@ -50,20 +25,14 @@ _SIGMOID = (keras.activations.sigmoid, keras.ops.sigmoid, jax.nn.sigmoid)
 def pack_weights(weights):
     """Keras LSTM weights as the flat float32 vector cuDNN reads.
 
-    The layout of `jax.experimental.rnn` (`unpack_lstm_weights`): each
-    direction's `W_ih` `(4 * units, features)` and `W_hh` `(4 * units,
-    units)`, forward then backward, then each direction's `b_ih` and `b_hh`
-    `(4 * units,)`. `W_ih` is Keras' `kernel` transposed and `W_hh` its
-    `recurrent_kernel` transposed (cuDNN's gate order i, f, g, o is Keras'
-    i, f, c, o); Keras' one bias is `b_ih`, `b_hh` is zeros. Built with
-    `jax.numpy` ops, so gradients reach the Keras variables.
+    Both gate orders are i, f, g, o: the matrices are transposed, Keras'
+    one bias is `b_ih` and `b_hh` is zero; gradients reach the variables.
 
     Args:
-        weights: A sequence of one (forward) or two (forward, backward)
-            `(kernel, recurrent_kernel, bias)` tuples of a Keras
-            `LSTMCell`: `kernel` `(features, 4 * units)`,
-            `recurrent_kernel` `(units, 4 * units)`, `bias` `(4 * units,)`
-            or None (zeros). Tensors, arrays or Keras variables.
+        weights: One (forward) or two (forward, backward) `(kernel,
+            recurrent_kernel, bias)` tuples of a Keras `LSTMCell`, shapes
+            `(features, 4 * units)`, `(units, 4 * units)`, `(4 * units,)`;
+            `bias` may be None.
 
     Returns:
         A float32 vector of `jax.experimental.rnn.get_num_params_in_lstm(
@@ -101,9 +70,7 @@ def pack_weights(weights):
 
 
 def cell_weights(inner):
-    """`(kernel, recurrent_kernel, bias)` of a built Keras `LSTM`, the Keras
-    variables themselves (so a layer's `stateless_call` and gradients see
-    them), for `lstm` and `pack_weights`."""
+    """`(kernel, recurrent_kernel, bias)` variables of a built Keras `LSTM`."""
     cell = inner.cell
     return cell.kernel, cell.recurrent_kernel, cell.bias
 
@@ -111,39 +78,25 @@ def cell_weights(inner):
 def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None):
     """A masked LSTM, one or both directions, in one cuDNN call.
 
-    Each row's padded tail is never read (zeroed here) and never steps.
-
     Args:
-        x: Float tensor `(batch, time, features)`, valid-first: row `b`'s
-            valid steps are `x[b, :lengths[b]]`, in order.
-        lengths: Integer tensor `(batch,)`, each row's number of valid
-            steps, in `[0, time]` (the layers check them; values outside
-            are clipped to it).
-        weights: One (forward) or two (forward, backward) `(kernel,
-            recurrent_kernel, bias)` tuples of Keras `LSTMCell`s (see
-            `pack_weights`); two runs the bidirectional call.
+        x: Float tensor `(batch, time, features)`, valid-first.
+        lengths: Integer tensor `(batch,)`, clipped to `[0, time]`.
+        weights: One or two `(kernel, recurrent_kernel, bias)` tuples, as
+            `pack_weights`; two runs both directions.
         initial_state: None (zeros), or a list per direction of `[h, c]`,
             each `(batch, units)`.
-        use_cudnn: True: `jax.experimental.rnn.lstm` (cuDNN, a GPU only);
-            False: `jax.experimental.rnn.lstm_ref` (any device, for tests);
-            None: cuDNN where `cudnn_present()`.
-        precision: The matmul precision: None (JAX's
-            `jax_default_matmul_precision`; cuDNN may then use TF32),
-            `"highest"` (float32, no TF32), `"high"` (TF32), or a
-            `jax.lax.Precision` (not DEFAULT: cuDNN has no bfloat16
-            matmuls). Passed to the cuDNN call; `lstm_ref` runs under
-            `jax.default_matmul_precision` of it.
+        use_cudnn: True: cuDNN (a GPU only); False: JAX's `lstm_ref` (any
+            device); None: cuDNN where `cudnn_present()`.
+        precision: Matmul precision: None (JAX's default; cuDNN may use
+            TF32), `"highest"`, `"high"` (TF32), or a `jax.lax.Precision`
+            other than DEFAULT.
 
     Returns:
-        `(outputs, states)`. `outputs`: `(batch, time, directions * units)`
-        in `x`'s dtype, the forward direction's first: at valid step `t`
-        the forward output after steps `0..t` and the backward output after
-        steps `lengths - 1` down to `t` (Keras' `Bidirectional` with a
-        mask, read in valid-first order); zeros at padded steps and for a
-        row of length 0. `states`: a list per direction of `[h, c]`, each
-        `(batch, units)` in `x`'s dtype: the state after the row's last
-        valid step in that direction's reading (step `lengths - 1` forward,
-        step 0 backward), or the initial state for a row of length 0.
+        `(outputs, states)`: outputs `(batch, time, directions * units)` in
+        `x`'s dtype, forward first, as Keras' masked `Bidirectional` in
+        valid-first order, zeros at padded steps; states, a list per
+        direction of `[h, c]` `(batch, units)` after each row's last valid
+        step in that direction, the initial state for a row of length 0.
 
     Example:
 
@@ -195,6 +148,7 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     valid = jnp.arange(time, dtype=jnp.int32)[None, :] < lengths[:, None]
     x = jnp.where(valid[..., None], _float32(x), 0.0)
+    # cuDNN fails on rows of length 0: they run one step, put back below.
     seq_lengths = jnp.maximum(lengths, 1)
     precision = _precision(precision)
     kwargs = dict(
@@ -232,12 +186,7 @@ def _float32(value):
 
 
 def _precision(precision):
-    """`precision` as a `jax.lax.Precision` (None stays None).
-
-    Raises:
-        ValueError: for an unknown one, or DEFAULT (bfloat16 matmuls, which
-            the cuDNN call does not implement).
-    """
+    """`precision` as a `jax.lax.Precision`; DEFAULT (bfloat16) raises."""
     if precision is None:
         return None
     if isinstance(precision, (tuple, list)):
@@ -258,16 +207,14 @@ def _precision(precision):
 
 
 def _matmul_precision(precision):
-    """A `jax.default_matmul_precision` block for a `jax.lax.Precision`
-    (None: none)."""
+    """A `jax.default_matmul_precision` block, or none for None."""
     if precision is None:
         return contextlib.nullcontext()
     return jax.default_matmul_precision(precision.name.lower())
 
 
 def cudnn_present():
-    """True when JAX's default device is a CUDA GPU, where
-    `jax.experimental.rnn.lstm` runs cuDNN."""
+    """True when JAX's default device is a CUDA GPU."""
     device = jax.devices()[0]
     if device.platform not in ("gpu", "cuda"):
         return False
@@ -275,15 +222,7 @@ def cudnn_present():
 
 
 def equations_why(inner):
-    """None when this kernel computes the equations of the Keras RNN
-    `inner` (so it may stand in for it, on any device with
-    `use_cudnn=False`), else a sentence saying why not.
-
-    Keras' LSTM with tanh and sigmoid activations, a bias, no recurrent
-    dropout (input dropout is the caller's: it drops `x` before the call),
-    not unrolled, no activity regularizer (applied by Keras' call), and a
-    compute dtype in `DTYPES`.
-    """
+    """None when this kernel computes `inner`'s equations, else why not."""
     kind = type(inner)
     if kind is keras.layers.GRU:
         return (
@@ -314,8 +253,7 @@ def equations_why(inner):
 
 
 def why_not(inner):
-    """None when `lstm` runs cuDNN for the Keras RNN `inner` here, else the
-    sentence saying why not (`equations_why`, or no CUDA GPU)."""
+    """None when `lstm` runs cuDNN for `inner` here, else why not."""
     why = equations_why(inner)
     if why is not None:
         return why

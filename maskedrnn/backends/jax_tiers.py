@@ -1,38 +1,10 @@
 """The JAX backend's length tiers: only the valid steps of a masked batch run.
 
-The `"jax-tiers"` way. On valid-first data (`maskedrnn.steps.Steps`) the
-rows are sorted by length, longest first, and split into `tiers` groups of
-static sizes. The recurrence runs in phases: phase `k` steps the rows of
-groups `0..k` (a static slice of the sorted batch) from where phase `k - 1`
-stopped up to the longest length of group `k + 1`, whose rows then leave;
-the last phase runs the first group to its longest row. Each phase is a
-`lax.fori_loop` whose bounds are device values (no host sync, no data-
-dependent shape), so padded steps are computed only for rows whose group is
-still running, and rows past their own length hold their state (one select
-per step). The held carry is each row's exact final state.
-
-Reverse-mode AD cannot go through a loop with a dynamic trip count, so the
-recurrence has its own VJP (`jax.custom_vjp`): the forward pass stores each
-step's state and pre-activations in static `(time, batch, ...)` buffers;
-the backward pass walks the same phases back, computing per step the gate
-gradients and the step's share of the gradients of the inputs, kernels and
-biases, on the rows still running only (weight gradients summed in
-float32 or wider).
-
-Decisions:
-
-- The input projection runs inside the step (`x_t @ kernel`), not for all
-  steps up front: measured faster at the bench's sizes on a CPU.
-- Equations are Keras' `LSTM`, `GRU` (`reset_after` True or False) and
-  `SimpleRNN` with their default activations (`equations_why` declines
-  anything else, e.g. `recurrent_dropout` or `unroll=True`). Input dropout
-  is applied by the caller before the way runs.
-- Mixed precision: the step computes in the layer's compute dtype, as
-  Keras' loop does; the weight gradients are summed in float32.
-- The weight gradients are summed inside the backward loop, a few small
-  matmuls per step on the running rows, rather than in one matmul over
-  all steps afterwards, which would compute the padded steps too
-  (measured faster on a CPU).
+The `"jax-tiers"` way for Keras' `LSTM`, `GRU` and `SimpleRNN`: rows
+sorted by length run in phases of static row groups that leave once their
+longest row ends, with a gradient of its own (`jax.custom_vjp`) walking
+the same phases back (docs/design.md, "Kernels, one per backend"). Steps
+compute in the layer's compute dtype; weight gradients sum in float32.
 """
 
 import functools
@@ -45,7 +17,7 @@ from jax import lax
 from maskedrnn import ops as mops
 
 WAY = "jax-tiers"
-# Row groups per direction (see the module docstring; measured, bench).
+# Row groups per direction, chosen by the bench.
 TIERS = 4
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
@@ -55,8 +27,7 @@ KINDS = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
 
 
 def equations_why(inner):
-    """None when the tiers compute the Keras RNN `inner` exactly, else a
-    sentence saying why not."""
+    """None when the tiers compute `inner` exactly, else why not."""
     kind = type(inner)
     if kind not in KINDS:
         return f"{kind.__name__} is not LSTM, GRU or SimpleRNN"
@@ -93,8 +64,7 @@ def describe(inner):
 
 
 def _kind(inner):
-    """The static cell description: `("lstm",)`, `("gru", reset_after)` or
-    `("rnn",)`."""
+    """`("lstm",)`, `("gru", reset_after)` or `("rnn",)`."""
     if type(inner) is keras.layers.LSTM:
         return ("lstm",)
     if type(inner) is keras.layers.GRU:
@@ -103,9 +73,7 @@ def _kind(inner):
 
 
 def _weights(inner, dtype):
-    """`(kernel, recurrent_kernel, bias)` of `inner` in `dtype` (the
-    variables' current values: a stateless call's too); a missing bias is
-    zeros (its gradient is dropped)."""
+    """`(kernel, recurrent_kernel, bias)` of `inner` in `dtype`; bias zeros if none."""
     cell = inner.cell
     kernel = jnp.asarray(keras.ops.convert_to_tensor(cell.kernel)).astype(dtype)
     recurrent = jnp.asarray(keras.ops.convert_to_tensor(cell.recurrent_kernel))
@@ -126,21 +94,18 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
     """Runs the Keras RNN `inner` over valid-first `x` in length tiers.
 
     Args:
-        inner: A built Keras `LSTM`, `GRU` or `SimpleRNN` (`equations_why`
-            None).
+        inner: A built Keras `LSTM`, `GRU` or `SimpleRNN`.
         x: Float `(batch, time, features)`, valid-first, finite at padded
-            positions (the callers zero them).
+            steps.
         lengths: Int `(batch,)`, each row's valid steps, in `[0, time]`.
         initial_state: List of `(batch, units)` states (`[h, c]` for an
             LSTM, `[h]` otherwise).
         tiers: Static number of row groups (at most `batch`).
 
     Returns:
-        `(outputs, states)`: outputs `(batch, time, units)` in the layer's
-        compute dtype, at valid step `t` the output after steps `0..t`; at
-        padded steps unspecified finite values (their gradient is dropped:
-        callers never read them). `states`: the list of states after each
-        row's last valid step (the initial state for a row of length 0).
+        `(outputs, states)`: outputs `(batch, time, units)` in the compute
+        dtype, finite but unspecified at padded steps; the states after
+        each row's last valid step (initial ones for a row of length 0).
 
     Example:
 
@@ -156,11 +121,7 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
 
 
 def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
-    """Every direction of a call in one tiered recurrence, the directions
-    stacked on a leading axis of the weights (`maskedrnn.backends`' one-call
-    interface): `inners` `[forward]` or `[forward, backward]` of the same
-    type, units and compute dtype (`same_shapes_why`); the backward one
-    reads each row's valid steps last to first (`steps.reverse`)."""
+    """Every direction of a call in one tiered recurrence, weights stacked."""
     xs = [x]
     if len(inners) == 2:
         xs.append(mops.gather_time(x, steps.reverse))
@@ -182,9 +143,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
 
 
 def same_shapes_why(inners):
-    """None when the directions `inners` can run stacked in one recurrence
-    (the same RNN type, units, compute dtype and GRU `reset_after`), else a
-    sentence saying why not."""
+    """None when the directions `inners` can run stacked, else why not."""
     first = inners[0]
     for other in inners[1:]:
         if (
@@ -206,9 +165,7 @@ def _dtype(inner):
 
 
 def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
-    """`run` for one or more directions at once (`same_shapes_why` None),
-    each reading its own valid-first `xs[i]` from `initial_states[i]`:
-    `(outputs, states)`, one entry per direction."""
+    """`run` for several directions at once, one entry per direction."""
     dtype = _dtype(inners[0])
     x_all = jnp.stack([jnp.asarray(x).astype(dtype) for x in xs])
     batch, time = x_all.shape[1], x_all.shape[2]
@@ -242,9 +199,7 @@ def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
 
 
 def _stacked_weights(inners, kind, dtype):
-    """The directions' `(kernel, recurrent_kernel, bias)` stacked on a
-    leading axis, the bias `(directions, 1, gates)` (a reset-after GRU's
-    `(2, directions, 1, gates)`: input bias, recurrent bias)."""
+    """The directions' `(kernel, recurrent_kernel, bias)` on a leading axis."""
     weights = [_weights(inner, dtype) for inner in inners]
     kernel = jnp.stack([w[0] for w in weights])
     recurrent = jnp.stack([w[1] for w in weights])
@@ -262,14 +217,12 @@ def _t(matrix):
 
 
 def _groups(batch, tiers):
-    """Static row counts `n_0 = batch > n_1 > ... > n_{tiers-1} > 0` of the
-    phases, and `n_tiers = 0`."""
+    """Static row counts of the phases, decreasing from `batch`, then 0."""
     return [batch - (k * batch) // tiers for k in range(tiers)] + [0]
 
 
 def _bounds(lengths, rows):
-    """Each phase's `(start, stop)` steps: phase `k` stops at the longest
-    length of the rows leaving after it (`lengths` sorted, longest first)."""
+    """Each phase's `(start, stop)`: the longest length of the rows leaving."""
     stops = [
         lengths[rows[k + 1]] if rows[k + 1] > 0 else lengths[0]
         for k in range(len(rows) - 1)
@@ -371,10 +324,7 @@ def _step_back(kind, params, d_states, saved, prev, new):
 
 
 def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
-    """`(dx, d_kernel, d_recurrent, d_bias)` of the steps on the leading
-    axis, from their `d_pre` (`_step_back`; zero at steps not run), inputs
-    `x_tm`, the states `h_prev` each step read and its `saved`
-    pre-activations; the weight gradients in float32 or wider."""
+    """`(dx, d_kernel, d_recurrent, d_bias)` of steps from their `d_pre`."""
     kernel, recurrent, bias = params
     # At least float32 (float64 stays float64).
     acc = jnp.promote_types(x_tm.dtype, jnp.float32)
@@ -405,9 +355,7 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
 
 
 def _forward(kind, tiers, x_tm, lengths, states, params, save):
-    """Runs the phases; `(outputs, final_states, buffers)`: outputs
-    `(time, batch, units)`; with `save`, `buffers` holds every state and the
-    saved pre-activations of every step run (zeros elsewhere)."""
+    """Runs the phases; `(outputs, final_states, buffers)`, filled with `save`."""
     time, batch = x_tm.shape[0], x_tm.shape[2]
     rows = _groups(batch, tiers)
     dtype = x_tm.dtype
