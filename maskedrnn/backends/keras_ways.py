@@ -1,20 +1,10 @@
 """The two ways every backend has: Keras' inner layer unmasked, and masked.
 
-- `"keras-unmasked"` (`run_unmasked`): the Keras inner layer called with no
-  mask on valid-first data, so its backend may pick a fused kernel (cuDNN
-  LSTM/GRU on GPU; on a JAX GPU a GRU runs Keras' `lax.scan` GRU kernel,
-  JAX having no cuDNN GRU). No backend has a fused SimpleRNN kernel: an
-  unmasked SimpleRNN runs Keras' generic step loop. The final states are
-  then read at each row's length by the caller (`final_state`).
-- `"keras-masked"` (`run_masked`): the Keras inner layer with a mask, in
-  Keras' masked step loop: any RNN layer (`keras.layers.RNN(cell)`, custom
-  cells, `recurrent_dropout > 0`), exact, and it returns the states itself.
-  Given `mask=`, that loop reads the caller's mask as it is (the plan's
-  `"masked_loop"` route, `maskedrnn.layers.direction.run_masked_loop`); here
-  it reads valid-first data with the right-padded mask of the lengths.
-
-`unmasked_why(inner)` says why an inner layer cannot run unmasked at all,
-on any backend; each backend module adds its own reasons.
+- `"keras-unmasked"`: the inner layer with no mask on valid-first data, so
+  that its backend may pick a fused kernel; the caller reads the final
+  states at each row's length.
+- `"keras-masked"`: Keras' masked step loop, for any RNN layer, exact, and
+  returning the states itself.
 """
 
 import keras
@@ -22,9 +12,7 @@ import keras
 from maskedrnn._keras_private import get_keras_mask
 from maskedrnn.backends import Why, soft
 
-# Layers whose per-step output *is* their hidden state h: for them the final
-# state can be read off the unmasked output sequence at each row's last valid
-# step (LSTM's cell state c is recomputed, see `final_state`).
+# Layers whose output is their h, so their final states can be read off it.
 UNMASKED_TYPES = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
 
 _NOT_FUSED = Why(
@@ -53,18 +41,10 @@ _STATES_WHY = soft(
 
 
 def states_why(inner, want_states, has_fused_rnn_kernel):
-    """None, or a soft `Why`: on TensorFlow and JAX, an LSTM whose final
-    states are wanted, where Keras has no fused LSTM kernel (no GPU, or
-    `use_cudnn=False`), runs Keras' masked loop (on TensorFlow, where
-    TensorFlow's `BlockLSTMV2` does not run:
-    `maskedrnn.backends.tensorflow_block_lstm`).
+    """A soft `Why` for Keras' masked loop: an LSTM's states, no fused kernel.
 
-    Without a fused kernel Keras' unmasked and masked LSTM both run its
-    generic step loop, at nearly the same cost, and the masked loop carries
-    the exact `[h, c]` of each row to its last valid step; running unmasked
-    would then cost a recomputation of the cell state (`final_state`) on
-    top. Where cuDNN may run (a GPU) the LSTM stays unmasked and `c` is
-    recomputed.
+    Without one, both of Keras' loops cost about the same, and the masked
+    one carries the exact `[h, c]` with no recomputation of `c`.
 
     Args:
         inner: The inner RNN.
@@ -79,9 +59,7 @@ def states_why(inner, want_states, has_fused_rnn_kernel):
 
 
 def options(inner, unmasked_soft=None, unmasked_hard=None):
-    """`[("keras-unmasked", why), ("keras-masked", None)]` for `inner`:
-    unmasked unless `unmasked_why` or the backend's `unmasked_hard` stops
-    it, or its `unmasked_soft` prefers the masked loop."""
+    """`[("keras-unmasked", why), ("keras-masked", None)]` for `inner`."""
     why = unmasked_why(inner) or unmasked_hard or unmasked_soft
     return [("keras-unmasked", why), ("keras-masked", None)]
 
@@ -113,19 +91,14 @@ def describe(way, inner, options):
 
 
 def _without_keras_mask(x):
-    """`x`, or a copy of it with no Keras mask attached.
-
-    Keras fills a layer's `mask` argument from a mask attached to its input
-    tensor; the inner RNNs must not get one, or they leave the fused kernel.
-    """
+    """`x` with no Keras mask attached, which would cost the fused kernel."""
     if get_keras_mask(x) is not None:
         return keras.ops.copy(x)
     return x
 
 
 def run_unmasked(inner, x, initial_state, training):
-    """`(outputs, None)`: `inner` over valid-first `x` with no mask (the
-    caller reads the states at each row's length)."""
+    """`(outputs, None)`: `inner` over valid-first `x` with no mask."""
     y, *_ = inner(
         _without_keras_mask(x), initial_state=initial_state, training=training
     )
@@ -133,8 +106,7 @@ def run_unmasked(inner, x, initial_state, training):
 
 
 def run_masked(inner, x, initial_state, training, steps):
-    """`(outputs, states)`: `inner` over valid-first `x` in Keras' masked
-    loop, with the right-padded mask `steps.valid`."""
+    """`(outputs, states)`: `inner` over valid-first `x` in Keras' masked loop."""
     y, *states = inner(
         x, mask=steps.valid, initial_state=initial_state, training=training
     )
@@ -151,15 +123,12 @@ def run(way, inner, x, initial_state, training, steps):
 
 
 def scalar(value, dtype):
-    """`scalar` of TensorFlow and JAX: a 0-d tensor of `value` (a Python
-    number or a scalar tensor) in `dtype` (`keras.ops.cast`; no host copy
-    to wait for there)."""
+    """A 0-d tensor of `value` in `dtype`, for TensorFlow and JAX."""
     return keras.ops.cast(value, dtype)
 
 
 def no_caller_order_kernel(*args, **kwargs):
-    """`layout` / `run_direction` of a backend without caller's-order
-    kernels: it never offers a way that needs them."""
+    """`layout`/`run_direction` of a backend without caller's-order kernels."""
     raise NotImplementedError(
         f"the {keras.backend.backend()} backend has no caller's-order kernel "
         "(only torch's ways run both directions from the caller's order)"
@@ -167,8 +136,7 @@ def no_caller_order_kernel(*args, **kwargs):
 
 
 def no_fused_kernel(*args, **kwargs):
-    """`run_fused` of a backend without one-call ways (`FUSED_WAYS = ()`):
-    its plans never take the `"fused"` route."""
+    """`run_fused` of a backend without one-call ways."""
     raise NotImplementedError(
         f"the {keras.backend.backend()} backend has no one-call way (no "
         "kernel here runs every direction of a call at once)"
@@ -176,6 +144,5 @@ def no_fused_kernel(*args, **kwargs):
 
 
 def fused_why(inners):
-    """`fused_why` of a backend without one-call ways: None (nothing to
-    decline)."""
+    """`fused_why` of a backend without one-call ways: None."""
     return None

@@ -1,24 +1,10 @@
 """The TensorFlow backend: length tiers on a CPU, else Keras' layers.
 
-TensorFlow's fused RNN kernels for Keras' layers are cuDNN's, reached by
-Keras' unmasked `LSTM`/`GRU` on a GPU. Without one Keras runs its generic
-step loop, masked or not, at nearly the same cost. So:
-
-- an LSTM runs `tf.raw_ops.BlockLSTMV2` (`"tf-block-lstm"`,
-  `maskedrnn.backends.tensorflow_block_lstm`), TensorFlow's fused LSTM
-  kernel, wherever its equations are the layer's and no cuDNN kernel may
-  run: one op per direction, and the exact final `[h, c]` read from its
-  per-step outputs;
-- a GRU or SimpleRNN runs Keras' equations in the same length tiers
-  (`"tf-tiers"`, `maskedrnn.backends.tensorflow_cells`), with a gradient of
-  its own, where no cuDNN kernel may run;
-- where they do not run (XLA, other activations, `portable()`, float64 for
-  an LSTM),
-  an LSTM whose final states are wanted runs Keras' masked loop where no
-  fused LSTM kernel exists (`keras_ways.states_why`): that loop carries the
-  exact `[h, c]` to each row's last valid step, where running unmasked
-  would cost a recomputation of the cell state on top;
-- every other RNN runs Keras' layer unmasked on valid-first data.
+Where no cuDNN kernel may run, an LSTM runs `tf.raw_ops.BlockLSTMV2`
+(`"tf-block-lstm"`) and a GRU or SimpleRNN the length tiers
+(`"tf-tiers"`). Elsewhere an LSTM whose states are wanted runs Keras'
+masked loop without a fused kernel, and every other RNN Keras' layer
+unmasked on valid-first data.
 """
 
 import keras
@@ -40,8 +26,7 @@ fused_why = keras_ways.fused_why
 
 
 def is_concrete(x):
-    """True when `x` holds values that can be read on the host right now
-    (eager TensorFlow, not a variable)."""
+    """True when `x` holds values: eager TensorFlow, not a variable."""
     return (
         tf.executing_eagerly()
         and not isinstance(x, tf.Variable)
@@ -50,38 +35,30 @@ def is_concrete(x):
 
 
 def host_readable(x):
-    """True when `x`'s values can be read on the host with no device sync:
-    concrete (`is_concrete`) and not on a GPU or TPU. Lengths there are
-    checked on the device instead (`maskedrnn._checks.check_lengths`: bad
-    rows come out NaN)."""
+    """True when `x`'s values can be read on the host with no device sync."""
     device = getattr(x, "device", "") or ""
     return is_concrete(x) and "GPU:" not in device and "TPU:" not in device
 
 
 def invert_permutation(perm):
-    """`inverse[b, perm[b, t]] = t` for each row of an int32 `(batch, time)`
-    tensor of permutations: an argsort (cheaper than a scatter here)."""
+    """Inverts each row of int32 `(batch, time)` permutations (an argsort)."""
     return ops.cast(ops.argsort(perm, axis=1), "int32")
 
 
 def take_rows(flat, index):
-    """`flat[index]`: rows of `flat` (axis 0) gathered by an integer tensor
-    `index` of any shape (`keras.ops.take`)."""
+    """`flat[index]`, shape `index.shape + flat.shape[1:]`."""
     return ops.take(flat, index, axis=0)
 
 
 def has_fused_rnn_kernel():
-    """True when Keras' LSTM/GRU may run cuDNN here: Keras' own test (a
-    visible GPU, `_is_gpu_available()` of its backend's `rnn` module)."""
+    """True when Keras' LSTM/GRU may run cuDNN here, by Keras' own test."""
     from maskedrnn._keras_private import keras_backend_rnn
 
     return bool(keras_backend_rnn(NAME)._is_gpu_available())
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: `BlockLSTMV2` for an LSTM it computes,
-    the tiers for a GRU or SimpleRNN they compute, Keras' unmasked layer,
-    else its masked loop (see the module docstring)."""
+    """`[(way, why)]`, best first: BlockLSTMV2 or tiers, then Keras' ways."""
     return [
         (block_lstm.WAY, block_lstm.why_not(inner, has_fused_rnn_kernel)),
         (cells.WAY, cells.why_not(inner, has_fused_rnn_kernel)),
