@@ -1,32 +1,11 @@
 """TensorFlow's fused LSTM kernel, `BlockLSTMV2`, for one valid-first direction.
 
-The `"tf-block-lstm"` way of the TensorFlow backend. `tf.raw_ops.BlockLSTMV2`
-(the op behind TF1's `LSTMBlockFusedCell`) runs a whole LSTM sequence in one
-kernel, on a CPU where Keras has no fused LSTM kernel. Its equations are
-Keras' `LSTM` with the default activations: gates in Keras' order (input,
-forget, candidate, output), no forget bias added, weights `concat([kernel,
-recurrent_kernel])`, Keras' bias, no peepholes and no cell clipping. It
-returns every step's `h` and cell state `cs`, so the final `[h, c]` of each
-row of valid-first data is one gather at step `lengths - 1`: exact, with no
-masked loop and no recomputation of `c`.
-
-The op runs every row to the same step, so the rows, sorted by length, run
-in tiers (`maskedrnn.backends.tensorflow_tiers`): a group of rows leaves
-the computation once its longest row has ended, and few padded steps are
-computed. Its gradient
-(`_backward`) steps back with the per-step gate gradients of
-`LSTMBlockCellGrad` and computes the gradients of the inputs and weights in
-one matmul each.
-
-It runs only where those equations are the layer's (`why_not`): a
-`keras.layers.LSTM` with `tanh` / `sigmoid` activations and no recurrent
-dropout, `use_cudnn` not False (which asks for Keras' loop), computing in
-float32 or float16 (the op's only dtypes; mixed
-precision computes in float16), outside XLA (the op has no XLA kernel, so
-`jit_compile=True` runs Keras' layer), outside
-`maskedrnn.backends.portable()` and outside Keras' exporter
-(`model.export`: exported graphs carry Keras' LSTM, which tf2onnx and
-LiteRT convert).
+The `"tf-block-lstm"` way: `tf.raw_ops.BlockLSTMV2` computes Keras' `LSTM`
+in one kernel on a CPU and returns every step's `h` and `c`, so exact final
+states are one gather; rows run in length tiers, with a gradient of its
+own (docs/design.md, "Kernels, one per backend"). `why_not` declines what
+it cannot run: other activations, float64, XLA, `portable()` and Keras'
+exporter.
 """
 
 import sys
@@ -42,8 +21,7 @@ from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-block-lstm"
 DTYPES = ("float32", "float16")
-# The fewest rows of a tier: each tier is one BlockLSTMV2 op, whose cost is
-# its rows times its steps.
+# The fewest rows of a tier (one op each, costing rows times steps).
 TIER_ROWS = 8
 
 _NOT_LSTM = Why(
@@ -87,10 +65,10 @@ _KERAS_EXPORT = "keras.src.export"
 
 
 def traced_for_keras_export():
-    """True while Keras' exporter traces the model: `model.export(...)` (a
-    SavedModel, ONNX through tf2onnx, LiteRT) and `keras.export.
-    ExportArchive` trace in functions of `keras.src.export`, found on the
-    Python stack. Checked only while tracing (never in eager calls)."""
+    """True while Keras' exporter traces, found on the Python stack.
+
+    Exported graphs keep Keras' LSTM, which tf2onnx and LiteRT convert.
+    """
     if tf.executing_eagerly():
         return False
     frame = sys._getframe(1)
@@ -110,9 +88,10 @@ def in_xla_context():
 
 
 def why_not(inner, has_fused_rnn_kernel):
-    """None when `BlockLSTMV2` computes `inner` exactly here and is
-    preferred, else a `Why` (hard when it cannot run, soft when Keras'
-    layer is preferred).
+    """None when `BlockLSTMV2` computes `inner` exactly and is preferred.
+
+    Else a `Why`: hard when it cannot run, soft when Keras' layer is
+    preferred.
 
     Args:
         inner: The inner RNN.
@@ -159,10 +138,7 @@ def describe(inner):
 
 
 def constants(weights):
-    """What every tier of a direction shares, built once per direction:
-    `(w_h, w_h_icfo, no_peephole)`, the recurrent weights, their transpose
-    in `LSTMBlockCellGrad`'s gate order (i, c, f, o) for the gradient's
-    recurrent matmul, and the zero peephole weights."""
+    """`(w_h, w_h_icfo, no_peephole)`, built once for a direction's tiers."""
     units = weights.shape[1] // 4
     w_h = weights[weights.shape[0] - units :]
     w_i, w_f, w_c, w_o = tf.split(w_h, 4, axis=1)
@@ -173,13 +149,8 @@ def constants(weights):
 def block_lstm(x, h0, c0, weights, bias, shared=None):
     """`BlockLSTMV2` over every step of time-major `x`, with its gradient.
 
-    TensorFlow registers the gradient of `BlockLSTM` (`BlockLSTMGrad`, whose
-    gates are in another order) for `BlockLSTMV2` too, which gives wrong
-    gradients for every input. This one (`_backward`) walks the steps back
-    with `LSTMBlockCellGrad` (the gate gradients of one step) and one
-    recurrent matmul per step, then computes the gradients of `x`, the
-    weights and the bias in one matmul each over all steps, where
-    `BlockLSTMGradV2` runs those matmuls step by step.
+    TensorFlow registers `BlockLSTM`'s gradient for `BlockLSTMV2` too, whose
+    gate order differs, so it is wrong; `_backward` replaces it.
 
     Args:
         x: `(time, batch, features)`; every step is run.
@@ -187,8 +158,7 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
         weights: `(features + units, 4 * units)`, `concat([kernel,
             recurrent_kernel])`, gates in Keras' order (i, f, c, o).
         bias: `(4 * units,)`.
-        shared: `constants(weights)`, built once for all the calls of a
-            direction; None builds them here.
+        shared: `constants(weights)`, or None to build them here.
 
     Returns:
         `(cs, h)`: the cell states and outputs of every step, each
@@ -214,8 +184,7 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
             cell_clip=-1.0,  # <= 0: no clipping of the cell state
         )
         cs, h = gates[1], gates[6]
-        # (features, units), static: the graph of the gradient may be traced
-        # with relaxed shapes.
+        # Static: the gradient's graph may be traced with relaxed shapes.
         units = weights.shape[1] // 4
         sizes = (weights.shape[0] - units, units)
 
@@ -234,12 +203,8 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
 def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
 
-    `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
-    `cs_grad`, `h_grad` the incoming gradients of `cs` and `h` (None when
-    one is not used); `shared` the direction's `constants`; `sizes` the
-    ints `(features, units)`. `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`,
-    which orders its gates i, c, f, o) gives one step's gate gradients and
-    the cell state's gradient to the step before.
+    `gates` are `BlockLSTMV2`'s outputs; `cs_grad`, `h_grad` may be None.
+    `LSTMBlockCellGrad` (gates i, c, f, o) steps back one step at a time.
     """
     i, cs, f, o, ci, co, h = gates
     dtype = x.dtype
@@ -291,8 +256,7 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     )
     gate_grads = tiers.stacked(gate_grads, steps, rows, 4 * units, dtype)
     d_i, d_c, d_f, d_o = tf.split(gate_grads, 4, axis=2)
-    # All steps at once, in Keras' gate order; sums over the steps in
-    # float32 (float16 when computing in float16 would lose the small ones).
+    # All steps at once; sums in float32, as float16 would lose small terms.
     d = tf.reshape(tf.concat([d_i, d_f, d_c, d_o], 2), (-1, 4 * units))
     d = tf.cast(d, "float32")
     x_flat = tf.cast(tf.reshape(x, (-1, features)), "float32")
@@ -318,30 +282,24 @@ _backward_graph = tf.function(_backward, reduce_retracing=True)
 
 
 def run(inner, x, initial_state, steps, want_states):
-    """Runs `BlockLSTMV2` over valid-first `x`.
-
-    Rows are sorted by length and run in tiers
-    (`maskedrnn.backends.tensorflow_tiers`): padded
-    steps past the longest row of a tier are not computed.
+    """Runs `BlockLSTMV2` over valid-first `x`, rows in length tiers.
 
     Args:
-        inner: A `keras.layers.LSTM` (`why_not` says None or soft), built.
+        inner: A built `keras.layers.LSTM` that `why_not` accepts.
         x: Valid-first float tensor `(batch, time, features)`, zeros at
-            padded steps, input dropout already applied; computed in the
-            inner layer's compute dtype (float32 or float16).
+            padded steps, input dropout applied.
         initial_state: `[h0, c0]`, each `(batch, units)`.
         steps: The `maskedrnn.steps.Steps` of the batch.
         want_states: Whether the final states are wanted.
 
     Returns:
-        `(outputs, states)`: `outputs` `(batch, time, units)`, exact at each
-        row's valid steps (padded steps past the longest row hold zeros);
-        `states` `[h, c]` after each row's last valid step (the initial
-        state for a row with no valid step), or None when not wanted.
+        `(outputs, states)`: `outputs` `(batch, time, units)`, exact at
+        valid steps, zeros past the longest row; `states` `[h, c]`
+        after each row's last valid step (initial for a row with none), or
+        None when not wanted.
     """
     cell = inner.cell
-    # The inner layer's compute dtype, to which Keras' call would cast its
-    # inputs too (a policy on the wrapper alone hands it another dtype).
+    # Keras' call would cast to it too; the wrapper's policy may differ.
     dtype = keras.backend.standardize_dtype(cell.compute_dtype)
     x = ops.cast(x, dtype)
     units = cell.units

@@ -1,33 +1,11 @@
 """Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` way.
 
-Keras' GRU and SimpleRNN have no fused kernel on a TensorFlow CPU: Keras'
-layer runs its generic step loop over every step of every row, padded or
-not. Here the rows of valid-first data, sorted by length, run in tiers
-(`maskedrnn.backends.tensorflow_tiers`, the LSTM's scheduler): a group of
-rows leaves the computation once its longest row has ended. Each tier
-projects the inputs of all its steps in one matmul, then runs the
-recurrence alone in a `tf.while_loop`, with Keras' cell equations:
-
-- GRU, `reset_after=True` (Keras' default): `z, r = sigmoid(x W_zr + b_zr +
-  h U_zr + c_zr)`, `hh = tanh(x W_h + b_h + r * (h U_h + c_h))`, `h' = z *
-  h + (1 - z) * hh` (`b` the input bias, `c` the recurrent one);
-- GRU, `reset_after=False`: `z, r` as above with one bias, `hh = tanh(x W_h
-  + b_h + (r * h) U_h)`;
-- SimpleRNN: `h' = tanh(x W + b + h U)`.
-
-The recurrence has a gradient of its own: the gates of every step are
-recomputed at once from the outputs, so the backward step loop carries
-only `dh` (one recurrent matmul a step, two for `reset_after=False`), and
-the gradients of the weights are one matmul each over all steps (summed in
-float32 when computing in float16).
-
-It runs only where those equations are the layer's (`why_not`): a
-`keras.layers.GRU` with `tanh` / `sigmoid` activations or a
-`keras.layers.SimpleRNN` with `tanh`, no recurrent dropout, computing in
-float16, float32 or float64, no visible GPU (Keras' GRU runs cuDNN there),
-outside XLA (the tiers' sizes are known only when the batch runs), outside
-`maskedrnn.backends.portable()` and Keras' exporter (`model.export`), as
-the LSTM's tiers.
+On a CPU, where Keras' layer steps every row to the end, rows run in the
+LSTM's length tiers (`tensorflow_tiers`); each tier projects its inputs in
+one matmul, then runs Keras' cell equations in a `tf.while_loop`, with a
+gradient of its own (docs/design.md, "Kernels, one per backend").
+`why_not` declines other equations, a GPU, XLA, `portable()` and Keras'
+exporter.
 """
 
 import keras
@@ -41,9 +19,7 @@ from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-tiers"
 DTYPES = ("float16", "float32", "float64")
-# The fewest rows of a tier: each tier is one more step loop, whose steps
-# cost their ops' dispatch about as much as their arithmetic at small sizes,
-# and one more loop to trace.
+# The fewest rows of a tier: each is one more step loop to trace and run.
 TIER_ROWS = 32
 
 _NOT_CELL = Why(
@@ -88,9 +64,10 @@ def _dtype_why(dtype):
 
 
 def why_not(inner, has_fused_rnn_kernel):
-    """None when the tiers compute `inner` exactly here and are preferred,
-    else a `Why` (hard when they cannot run, soft when Keras' layer is
-    preferred).
+    """None when the tiers compute `inner` exactly and are preferred.
+
+    Else a `Why`: hard when they cannot run, soft when Keras' layer is
+    preferred.
 
     Args:
         inner: The inner RNN.
@@ -149,44 +126,37 @@ def _flat_matmul(a, b):
 
 
 def _sum_dtype(dtype):
-    """float32 for the sums over steps of a half-precision computation (in
-    float16 the sum of many steps would lose the small ones), else
-    `dtype`."""
+    """float32 for sums over half-precision steps, else `dtype`."""
     return "float32" if dtype in (tf.float16, tf.bfloat16) else dtype
 
 
 def _sum_matmul(a, b):
-    """`sum over steps and rows of a^T b` for 3-d `a`, `b`, in
-    `_sum_dtype`."""
+    """Sum over steps and rows of `a^T b`, in `_sum_dtype`."""
     dtype = _sum_dtype(a.dtype)
     a = tf.cast(tf.reshape(a, tf.stack([-1, tf.shape(a)[-1]])), dtype)
     b = tf.cast(tf.reshape(b, tf.stack([-1, tf.shape(b)[-1]])), dtype)
     return tf.matmul(a, b, transpose_a=True)
 
 
-# Steps run per while_loop iteration: the loop's own ops (a few per loop
-# variable and iteration) cost as much as a small step's, so a block of
-# steps shares them. A tier's last block may run past its end on zeros.
+# Steps per while_loop iteration, sharing the loop's own ops; a tier's
+# last block may run past its end on zeros.
 BLOCK = 4
 
 
 def _scan(step, h0, seqs, widths, backward=False):
-    """Runs `h, outs = step(h, inputs)` over the steps of time-major `seqs`
-    (`inputs`: each one's step), first to last or (`backward`) last to
-    first, `BLOCK` steps per `tf.while_loop` iteration.
+    """Runs `h, outs = step(h, inputs)` over time-major `seqs`, `BLOCK` at a time.
 
     Args:
         step: A function of `(h, list of (rows, width) tensors)` returning
             `(h, list of (rows, width_i) tensors)`, one per `widths`.
-        h0: `(rows, units)`, the carried value before the first step run.
-        seqs: List of `(steps, rows, width)` tensors; steps past their end
-            read zeros.
+        h0: `(rows, units)`, the carried value before the first step.
+        seqs: List of `(steps, rows, width)` tensors.
         widths: Python ints, the widths of `step`'s outputs.
         backward: Whether to run from the last step to the first.
 
     Returns:
-        `(h, outs)`: the carried value after the last step run, and one
-        `(steps, rows, width_i)` tensor per `widths`.
+        `(h, outs)`: the last carried value and one `(steps, rows,
+        width_i)` tensor per `widths`.
     """
     steps, rows = tf.shape(seqs[0])[0], tf.shape(h0)[0]
     dtype = seqs[0].dtype
@@ -233,11 +203,11 @@ def _scan(step, h0, seqs, widths, backward=False):
 
 
 def _gru_forward(xp, h0, u, bh, reset_after, units):
-    """The outputs `(steps, rows, units)` of the GRU recurrence from `h0`
-    over the input projections `xp` (`(steps, rows, 3 * units)`, input bias
-    included); `bh` the recurrent bias (used when `reset_after`). `units`
-    is a Python int (the graphs of eager calls are traced with relaxed
-    shapes)."""
+    """The outputs `(steps, rows, units)` of the GRU recurrence from `h0`.
+
+    `xp` holds the input projections with their bias, `bh` the recurrent
+    bias; `units` is static, as shapes may be traced relaxed.
+    """
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
 
     def step(h, inputs):
@@ -259,9 +229,7 @@ def _gru_forward(xp, h0, u, bh, reset_after, units):
 
 
 def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
-    """The gradients of `_gru_forward`'s outputs w.r.t. `(xp, h0, u, bh)`
-    given theirs, `dhs`. The gates of every step are recomputed at once
-    from the outputs; the step loop carries `dh` back."""
+    """Gradients w.r.t. `(xp, h0, u, bh)`: gates recomputed, `dh` carried back."""
     dtype = xp.dtype
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
     h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
@@ -384,8 +352,7 @@ def _rnn_recurrence(xp, h0, u):
 
 
 def _segment(cell, dtype):
-    """The function running one tier (`tensorflow_tiers.run_tiers`) of
-    `cell`'s recurrence, its weights cast once for every tier."""
+    """The `segment` running one tier of `cell`, weights cast once."""
     kernel = ops.cast(cell.kernel, dtype)
     u = ops.cast(cell.recurrent_kernel, dtype)
     units = cell.units
@@ -416,24 +383,22 @@ def run(inner, x, initial_state, steps, want_states):
     """Runs a GRU or SimpleRNN over valid-first `x` in length tiers.
 
     Args:
-        inner: A `keras.layers.GRU` or `keras.layers.SimpleRNN` (`why_not`
-            says None or soft), built.
+        inner: A built `keras.layers.GRU` or `SimpleRNN` that `why_not`
+            accepts.
         x: Valid-first float tensor `(batch, time, features)`, zeros at
-            padded steps, input dropout already applied; computed in the
-            inner layer's compute dtype.
+            padded steps, input dropout applied.
         initial_state: `[h0]`, `(batch, units)`.
         steps: The `maskedrnn.steps.Steps` of the batch.
         want_states: Whether the final state is wanted.
 
     Returns:
-        `(outputs, states)`: `outputs` `(batch, time, units)`, exact at each
-        row's valid steps (padded steps past the longest row hold zeros);
-        `states` `[h]` after each row's last valid step (the initial state
-        for a row with no valid step), or None when not wanted.
+        `(outputs, states)`: `outputs` `(batch, time, units)`, exact at
+        valid steps, zeros past the longest row; `states` `[h]` after each
+        row's last valid step (initial for a row with none), or None when
+        not wanted.
     """
     cell = inner.cell
-    # The inner layer's compute dtype, to which Keras' call would cast its
-    # inputs too (a policy on the wrapper alone hands it another dtype).
+    # Keras' call would cast to it too; the wrapper's policy may differ.
     dtype = keras.backend.standardize_dtype(cell.compute_dtype)
     x = ops.cast(x, dtype)
     h0 = ops.cast(initial_state[0], dtype)

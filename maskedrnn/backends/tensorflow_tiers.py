@@ -1,33 +1,20 @@
 """Length tiers: the scheduler shared by TensorFlow's tiered RNN ways.
 
-The fused LSTM (`maskedrnn.backends.tensorflow_block_lstm`) and the GRU and
-SimpleRNN step loops (`maskedrnn.backends.tensorflow_cells`) each run a
-recurrence over every row of a block of rows to the same step. Here the
-rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
-group of rows leaves the computation once its longest row has ended, so few
-padded steps are computed. The cells differ only in the `segment` function
-that runs one tier's steps (and its gradient).
-
-The tier count is chosen from what is known at trace time (`tier_count`),
-one rule for every cell: tiers of at least a cell's `rows_per_tier` rows
-(what a tier must hold to pay for what it adds: one more fused op for the
-LSTM, one more step loop to trace and run for the GRU and SimpleRNN), a
-batch of unknown size taken as `ASSUMED_BATCH` rows.
+Rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
+group of rows leaves once its longest row has ended. The LSTM and the GRU
+and SimpleRNN cells differ only in the `segment` that runs one tier.
 """
 
 import tensorflow as tf
 
-# Tier k holds the longest rows and runs only until the longest row of the
-# tiers after it ends. Each tier is one more recurrence to trace and
-# optimise: a batch of unknown size gets the tiers of Keras' default batch.
+# Each tier is one more recurrence to trace; an unknown batch counts as
+# Keras' default batch size.
 MAX_TIERS = 8
 ASSUMED_BATCH = 32
 
 
 def tier_count(batch, rows_per_tier):
-    """Tiers of at least `rows_per_tier` rows, at most `MAX_TIERS`, for a
-    batch of static size `batch`; a batch of unknown size (traced with a
-    `None` batch dimension) counts as `ASSUMED_BATCH` rows."""
+    """Tiers of at least `rows_per_tier` rows, at most `MAX_TIERS`."""
     if batch is None:
         batch = ASSUMED_BATCH
     return max(1, min(MAX_TIERS, batch // rows_per_tier))
@@ -36,30 +23,25 @@ def tier_count(batch, rows_per_tier):
 def run_tiers(x, states, lengths, segment, tiers, want_states):
     """`segment` over batch-major valid-first `x` in `tiers` tiers.
 
-    The rows, sorted by length, are split in `tiers` groups: with rows
-    `[0, m_k)` of the sorted batch, tier k runs from where tier k - 1
-    stopped until the longest row outside it ends (the longest row of all
-    for the last tier), carrying its rows' states on. Steps past a row's
-    length compute values the caller ignores, steps past the longest row
-    output zeros.
+    Tier k runs the sorted rows `[0, m_k)` from where tier k - 1 stopped
+    until the longest row outside it ends. Steps past a row's length give
+    values the caller ignores; steps past the longest row give zeros.
 
     Args:
         x: `(batch, time, features)`, valid-first, zeros at padded steps.
         states: List of `(batch, units_i)` initial states; `states[0]` is
             the output (`h`).
         lengths: int32 `(batch,)`.
-        segment: `segment(x_k, states_k) -> sequences`: runs the
-            recurrence over time-major `x_k` `(steps, rows, features)` from
-            `states_k`, returning one `(steps, rows, units_i)` sequence per
-            state, the state after every step (`sequences[0]`: the outputs).
+        segment: `segment(x_k, states_k) -> sequences`: the recurrence
+            over time-major `x_k` `(steps, rows, features)`, one
+            `(steps, rows, units_i)` sequence per state.
         tiers: Python int, the number of tiers (`tier_count`).
         want_states: Whether the final states other than `h` are wanted.
 
     Returns:
-        `(h, others)` in the order of `x`'s rows: `h` the outputs `(batch,
-        time, units)`; `others` the states after each row's last valid step
-        for `states[1:]` (any value for an empty row), None unless
-        `want_states`.
+        `(h, others)` in `x`'s row order: outputs `(batch, time, units)`,
+        and the final `states[1:]` (any value for an empty row), or None
+        without `want_states`.
     """
     batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
     time = tf.shape(x)[1]
@@ -71,8 +53,7 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
         lengths = tf.gather(lengths, order)
-    # Tier k ends where the longest row of those after it ends: a trailing
-    # 0 for the last tier, which holds every row.
+    # A trailing 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
     with_zero = tf.concat([lengths, [0]], axis=0)
     ends = tf.stack([tf.reduce_max(with_zero[rows[k + 1] :]) for k in range(tiers)])
@@ -113,10 +94,7 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
 
 
 def _last_states(seqs, lengths, starts, ends, rows):
-    """Each row's state after its last step, read from the tier whose steps
-    hold it: one gather from the tiers' sequences, flattened (`(steps_k,
-    rows_k, units)` each), with no padded copy of them. Rows in sorted
-    order; an empty row reads a zero row."""
+    """Each sorted row's final state: one gather over the tiers' sequences."""
     units = seqs[0].shape[-1]
     flat = [tf.reshape(seq, (-1, units)) for seq in seqs]
     counts = tf.stack([tf.cast(r, "int32") for r in rows[:-1]])
@@ -124,8 +102,7 @@ def _last_states(seqs, lengths, starts, ends, rows):
     total = tf.reduce_sum((ends - starts) * counts)
     flat = tf.concat(flat + [tf.zeros((1, units), seqs[0].dtype)], axis=0)
     last = lengths - 1
-    # The tier holding step `last`: the number of tiers that end at or
-    # before it.
+    # The tier holding step `last`: the tiers that end at or before it.
     tier = tf.searchsorted(ends, tf.maximum(last, 0), side="right")
     tier = tf.minimum(tier, len(seqs) - 1)
     row = tf.range(tf.shape(lengths)[0], dtype="int32")
@@ -138,9 +115,7 @@ def _last_states(seqs, lengths, starts, ends, rows):
 
 
 def _permute_rows(x, order, inverse):
-    """`x[order]` for a permutation `order` of its rows, with `inverse` its
-    inverse: the gradient is `grad[inverse]`, one gather (`tf.gather`'s own
-    gradient sums into a zero tensor)."""
+    """`x[order]`, whose gradient is one gather `grad[inverse]`, not a sum."""
 
     @tf.custom_gradient
     def permute(x):
@@ -150,7 +125,5 @@ def _permute_rows(x, order, inverse):
 
 
 def stacked(array, steps, rows, units, dtype):
-    """`array.stack()` of a `tf.TensorArray` of `steps` `(rows, units)`
-    elements; an empty one of unknown row count does not stack, and gives
-    `(0, rows, units)` zeros."""
+    """`array.stack()`, or `(0, rows, units)` zeros for an empty array."""
     return tf.cond(steps > 0, array.stack, lambda: tf.zeros((0, rows, units), dtype))
