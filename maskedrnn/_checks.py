@@ -155,8 +155,8 @@ def poison_rows(tensors, bad):
     flags = ops.convert_to_tensor(bad)
     for _ in range(len(x.shape) - 1):
         flags = ops.expand_dims(flags, -1)
-    # A select passes no gradient into a NaN row (x * 0 would: 0 * NaN);
-    # the NaN is added apart, as ONNX mishandles a select against NaN.
+    # A select keeps the NaN gradient of a bad row out (x * 0 passes 0 * NaN);
+    # the NaN is added apart, as tf2onnx mishandles a select against NaN.
     nan = backends.current().scalar(float("nan"), x.dtype)
     zero = backends.current().scalar(0.0, x.dtype)
     return ops.where(flags, ops.zeros_like(x), x) + ops.where(flags, nan, zero)
