@@ -48,31 +48,26 @@ def quantile_boundaries(lengths, num_buckets):
 class BucketBatchSampler:
     """Groups sequence indices into batches of similar length.
 
-    Every sequence goes into the first bucket whose boundary is at least its
-    length, and each bucket is cut into batches of `batch_size`. With
-    `shuffle`, each epoch permutes indices within buckets and then the batches,
-    seeded by `(seed, epoch)`, so every backend and process sees the same
-    batches. The first two batches of an epoch differ in padded length and
-    size where the epoch allows, because Keras infers a `PyDataset`'s tensor
-    spec from them. Iterating yields the current epoch's batches, then advances
-    the epoch, as a PyTorch `DataLoader(batch_sampler=...)` expects.
+    Each sequence goes into the first bucket whose boundary is at least its
+    length; buckets are cut into batches of `batch_size`. Shuffling is seeded
+    by `(seed, epoch)`, the same on every backend and process. The first two
+    batches of an epoch differ in padded length and size where possible, since
+    Keras infers a `PyDataset`'s spec from them. Iterating yields one epoch and
+    advances it, as a PyTorch `DataLoader(batch_sampler=...)` expects.
 
     Args:
-        lengths: 1-D array-like, the non-negative int length of every sequence.
+        lengths: 1-D array-like, the non-negative length of every sequence.
         batch_size: Int >= 1, rows per batch.
-        boundaries: Sorted list of ints, the padded length of each bucket; the
-            last must be at least `max(lengths)`. Defaults to `None`
-            (`quantile_boundaries(lengths, num_buckets)`).
-        num_buckets: Int >= 1, used when `boundaries` is `None`. Defaults to
-            `4`.
-        shuffle: Bool, shuffle within and across buckets each epoch. Defaults
-            to `True`.
+        boundaries: Sorted list of padded lengths, the last >= `max(lengths)`.
+            Defaults to `None` (`quantile_boundaries(lengths, num_buckets)`).
+        num_buckets: Int >= 1, used without `boundaries`. Defaults to `4`.
+        shuffle: Bool, shuffle within and across buckets. Defaults to `True`.
         seed: Int, the shuffling seed. Defaults to `None` (drawn once).
-        drop_remainder: Bool, drop each bucket's last incomplete batch (with
-            `carry_remainder`: the last bucket's only). Defaults to `False`.
+        drop_remainder: Bool, drop each bucket's last incomplete batch.
+            Defaults to `False`.
         carry_remainder: Bool, move each bucket's last incomplete batch on to
-            the next bucket, so that every batch but the last is full. Defaults
-            to `False`.
+            the next bucket, so all batches but the last are full. Defaults to
+            `False`.
 
     Example:
 
@@ -80,8 +75,6 @@ class BucketBatchSampler:
     ...                              boundaries=[4, 9], shuffle=False)
     >>> sampler.batches()
     [[4], [1, 3], [0, 2]]
-    >>> [sampler.boundary_of(b) for b in sampler.batches()]
-    [4, 9, 4]
     """
 
     def __init__(
@@ -173,16 +166,12 @@ class BucketBatchSampler:
         )
 
     def batches(self, epoch=None, shuffle=None, drop_remainder=None):
-        """The batches of one epoch, as lists of int indices into `lengths`.
+        """The batches of one epoch, as lists of indices into `lengths`.
 
         Args:
-            epoch: Int, seeds the shuffling with `seed`. Defaults to `None` (the
-                current `epoch`).
-            shuffle: Bool. Defaults to `None` (the sampler's).
-            drop_remainder: Bool. Defaults to `None` (the sampler's).
-
-        Returns:
-            A list of lists of indices.
+            epoch: Int, seeds the shuffling. Defaults to the current `epoch`.
+            shuffle: Bool. Defaults to the sampler's.
+            drop_remainder: Bool. Defaults to the sampler's.
         """
         epoch = self.epoch if epoch is None else epoch
         shuffle = self.shuffle if shuffle is None else shuffle
@@ -263,44 +252,35 @@ def _as_sequences(name, values):
 class BucketedDataset(keras.utils.PyDataset):
     """A `keras.utils.PyDataset` of length-bucketed, per-batch padded batches.
 
-    Sequences are grouped by `BucketBatchSampler` and each batch is padded with
-    `maskedrnn.datasets.pad_batch` only to its bucket's boundary. A masked
-    model gives the same results whatever a batch's padded length, so
-    bucketing changes the cost of training, not its result. Labels are one per
-    sequence (an array of shape `(num_sequences, ...)`) or one per step (a
-    list of arrays, padded with `label_pad_value`, the `pad_value` of
-    `MaskedLoss` and `MaskedAccuracy`).
+    Batches from `BucketBatchSampler`, each padded by `pad_batch` only to its
+    bucket's boundary. A masked model's results do not depend on a batch's
+    padded length, so bucketing changes the cost of training, not its result.
 
     Args:
-        x: List of unpadded arrays, one per sequence, each `(time, *features)`.
-        y: `None` (inputs only), an array of per-sequence labels of shape
-            `(len(x), ...)`, or a list of per-step label arrays of shape
-            `(len(x[i]), ...)`. Defaults to `None`.
+        x: List of unpadded arrays `(time, *features)`, one per sequence.
+        y: `None`, an array of per-sequence labels `(len(x), ...)`, or a list
+            of per-step label arrays `(len(x[i]), ...)`. Defaults to `None`.
         batch_size: Int >= 1. Defaults to `32`.
         boundaries: Sorted list of padded lengths. Defaults to `None`
-            (`num_buckets` quantiles of the lengths).
-        num_buckets: Int >= 1, used when `boundaries` is `None`. Defaults to
-            `4`.
+            (`num_buckets` quantiles).
+        num_buckets: Int >= 1. Defaults to `4`.
         padding: `"post"` or `"pre"`. Defaults to `"post"`.
         value: Scalar written into padded input steps. Defaults to `0`.
-        label_pad_value: Scalar written into padded per-step labels. Defaults
-            to `-1`.
-        return_lengths: Bool; if `True`, inputs are `(padded, lengths)`.
-            Defaults to `False`.
-        shuffle: Bool, seeded shuffling, a new order each epoch. Defaults to
-            `True`.
+        label_pad_value: Scalar written into padded per-step labels (the
+            `pad_value` of `MaskedLoss`). Defaults to `-1`.
+        return_lengths: Bool; inputs are `(padded, lengths)`. Defaults to
+            `False`.
+        shuffle: Bool. Defaults to `True`.
         seed: Int, the shuffling seed. Defaults to `None` (random).
         drop_remainder: Bool, as in `BucketBatchSampler`. Defaults to `False`.
         carry_remainder: Bool, as in `BucketBatchSampler`. Defaults to `False`.
-        dtype: NumPy dtype of the padded inputs. Defaults to `None` (that of
-            `x[0]`).
-        **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
-            `keras.utils.PyDataset`.
+        dtype: NumPy dtype of the padded inputs. Defaults to that of `x[0]`.
+        **kwargs: `keras.utils.PyDataset` arguments (`workers`, ...).
 
     Call arguments:
-        `ds[i]` returns batch `i` of the current epoch, `(inputs, labels)` or
-        `(inputs,)`: inputs `(batch, boundary, *features)`, per-sequence
-        labels `(batch, ...)`, per-step labels `(batch, boundary, ...)`.
+        `ds[i]` is batch `i`, `(inputs, labels)` or `(inputs,)`: inputs
+        `(batch, boundary, *features)`, labels `(batch, ...)` or
+        `(batch, boundary, ...)`.
 
     Example:
 
@@ -435,12 +415,8 @@ class BucketedDataset(keras.utils.PyDataset):
     def to_tf_dataset(self):
         """This dataset as a `tf.data.Dataset`, for `fit` on every backend.
 
-        Needs TensorFlow. Unlike the `PyDataset`, its batch axis is static
-        when every batch of an epoch is full, which TensorFlow runs faster.
-        Each iteration yields one epoch, then advances it.
-
-        Returns:
-            A `tf.data.Dataset` of the same structures as `ds[i]`.
+        Its batch axis is static when every batch is full, which TensorFlow runs
+        faster. Needs TensorFlow.
         """
         import tensorflow as tf
 
@@ -480,15 +456,13 @@ class BucketedDataset(keras.utils.PyDataset):
 
         Args:
             model: A Keras model taking this dataset's inputs.
-            per_step: Bool, whether the outputs have a time axis. Defaults to
-                `None` (per output: whether axis 1 is every batch's padded length).
-            pad_to_max: Bool. For per-step outputs, `False` returns one array of
-                valid steps per sequence, `True` one array re-padded with zeros to
-                the last boundary. Defaults to `False`.
+            per_step: Bool, whether outputs have a time axis. Defaults to `None`
+                (whether axis 1 is every batch's padded length).
+            pad_to_max: Bool; per-step outputs as one array padded to the last
+                boundary instead of a list of valid steps. Defaults to `False`.
 
         Returns:
-            The model's output structure, per-sequence outputs of shape
-            `(len(x), ...)`, per-step outputs as `pad_to_max` says.
+            The model's output structure, rows in the order of `x`.
         """
         batches = self.sampler.batches(shuffle=False, drop_remainder=False)
         results = []

@@ -117,28 +117,21 @@ def masked_ctc(
 ):
     """Per-row CTC loss over each row's valid frames, for custom loops.
 
-    The values of `MaskedCTC(reduction="none")`, with the valid frames given
-    by `mask`, else `lengths`, else the Keras mask of `y_pred`, else all frames.
+    `MaskedCTC(reduction="none")`'s values, with the valid frames from `mask`,
+    else `lengths`, else the Keras mask of `y_pred`, else all frames.
 
     Args:
-        y_true: Integer labels of shape `(batch, max_label_length)`, padded
-            with 0 (the blank).
-        y_pred: Logits of shape `(batch, time, classes)`, not softmaxed; class
-            0 is the blank.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
-            valid frames (any pattern). Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)` for right-padded
-            rows; not with `mask`. Out-of-range values raise in eager code and
-            are clipped in compiled code. Defaults to `None`.
-        zero_infinity: Bool, whether infeasible rows give 0 instead of `inf`.
-            Defaults to `False`.
+        y_true: Integer labels `(batch, max_label_length)`, padded with 0.
+        y_pred: Logits `(batch, time, classes)`; class 0 is the blank.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid frames.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
+        zero_infinity: Bool; infeasible rows give 0 instead of `inf`. Defaults
+            to `False`.
         dtype: Dtype of the computation. Defaults to `keras.backend.floatx()`.
 
     Returns:
-        A `(batch,)` tensor of negative log-likelihoods: `inf` (or 0) for rows
-        whose labels need more frames than they have, NaN in compiled code for
-        rows with a label id outside `[0, classes)`. Padded frames contribute
-        nothing.
+        A `(batch,)` tensor of negative log-likelihoods; padded frames
+        contribute nothing (see `MaskedCTC` for `inf` and NaN rows).
 
     Example:
 
@@ -186,43 +179,36 @@ def masked_ctc(
 class MaskedCTC(keras.losses.Loss):
     """CTC loss over each row's valid frames, with the mask of `y_pred`.
 
-    The conventions of `keras.losses.CTC` (labels padded with 0, logits, class
-    0 the blank), but when `y_pred` carries a Keras mask, each row's loss reads
-    only its valid frames, in order, whatever the mask pattern; padded frames
-    contribute nothing. Without a mask it equals `keras.losses.CTC()` on every
-    feasible row. Rows whose labels need more frames than they have give `inf`
-    (or 0 with `zero_infinity`) and no gradient. A label id outside
-    `[0, classes)` raises a `ValueError` in eager code and gives that row NaN
-    in compiled code (see `docs/ctc.md`).
+    `keras.losses.CTC`'s conventions (labels padded with 0, logits, blank 0),
+    but with a Keras mask on `y_pred` each row reads only its valid frames, in
+    order, whatever the pattern; without one it equals `keras.losses.CTC()`.
+    Rows whose labels need more frames than they have give `inf` (or 0) and no
+    gradient; a label id outside `[0, classes)` raises in eager code and gives
+    NaN in compiled code (see `docs/ctc.md`).
 
     Args:
-        zero_infinity: Bool, whether infeasible rows give 0 instead of `inf`,
-            as `torch.nn.CTCLoss(zero_infinity=True)`. Defaults to `False`.
-        reduction: Type of reduction to apply to the loss, as in
-            `keras.losses.Loss`. Defaults to `"sum_over_batch_size"`.
+        zero_infinity: Bool; infeasible rows give 0 instead of `inf`. Defaults
+            to `False`.
+        reduction: Type of reduction, as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
         name: Name of the loss instance. Defaults to `"masked_ctc"`.
-        dtype: Dtype of the loss computation. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the loss computation. Defaults to `None`.
 
     Call arguments:
-        y_true: Integer labels of shape `(batch, max_label_length)`, padded
-            with 0.
-        y_pred: Logits of shape `(batch, time, classes)`, possibly carrying a
-            `(batch, time)` Keras mask.
-        sample_weight: Optional per-row weights of shape `(batch,)`.
+        y_true: Integer labels `(batch, max_label_length)`, padded with 0.
+        y_pred: Logits `(batch, time, classes)`, possibly with a Keras mask.
+        sample_weight: Optional per-row weights `(batch,)`.
 
     Returns:
-        A scalar, or one value per row `(batch,)` for `reduction="none"`.
+        A scalar, or `(batch,)` values for `reduction="none"`.
 
     Example:
 
     ```python
     inputs = keras.Input((None, 20))
-    x = keras.layers.Masking()(inputs)
     x = maskedrnn.MaskedBidirectional(
-        keras.layers.GRU(64, return_sequences=True))(x)
-    logits = keras.layers.Dense(num_labels + 1)(x)  # + 1: the blank, id 0
-    model = keras.Model(inputs, logits)
+        keras.layers.GRU(64, return_sequences=True))(keras.layers.Masking()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(num_labels + 1)(x))
     model.compile(optimizer="adam", loss=maskedrnn.MaskedCTC())
     ```
     """
@@ -311,27 +297,21 @@ def ctc_decode(
 ):
     """Decodes CTC logits over each row's valid frames.
 
-    Returns what `keras.ops.ctc_decode` returns for the valid-first logits with
-    `sequence_lengths` the number of valid frames, blank 0. Valid frames: `mask`,
-    else `lengths`, else the Keras mask of `y_pred`, else all of them.
+    `keras.ops.ctc_decode` on the valid-first logits, blank 0, with valid
+    frames from `mask`, else `lengths`, else the Keras mask of `y_pred`.
 
     Args:
-        y_pred: Logits (or log-probabilities) of shape `(batch, time, classes)`;
-            class 0 is the blank.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
-            valid frames. Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)` for right-padded
-            rows; not with `mask`. Defaults to `None`.
+        y_pred: Logits (or log-probabilities) `(batch, time, classes)`.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid frames.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
         strategy: `"greedy"` or `"beam_search"`. Defaults to `"greedy"`.
-        beam_width: Int, the beam width of `"beam_search"`. Defaults to `100`.
-        top_paths: Int, how many paths `"beam_search"` returns. Defaults to `1`.
-        merge_repeated: Bool, whether repeated labels are merged. Defaults to
-            `True`.
+        beam_width: Int, for `"beam_search"`. Defaults to `100`.
+        top_paths: Int, for `"beam_search"`. Defaults to `1`.
+        merge_repeated: Bool. Defaults to `True`.
 
     Returns:
-        A tuple `(decoded, scores)`: `decoded` of shape
-        `(top_paths, batch, time)`, label ids padded with `-1`, and `scores` of
-        shape `(batch, top_paths)`.
+        A tuple `(decoded, scores)`: label ids `(top_paths, batch, time)`
+        padded with `-1`, and scores `(batch, top_paths)`.
 
     Example:
 
@@ -341,8 +321,6 @@ def ctc_decode(
     ...           [.1, .8, .1]]]
     >>> logits = np.log(np.array(probs, "float32"))  # (batch, time, classes)
     >>> decoded, _ = ctc_decode(logits, mask=[[1, 1, 1, 1, 0]])
-    >>> decoded[0]
-    [[1, 2, -1, -1, -1]]
     >>> ctc_ids_to_text(decoded[0], vocabulary="-ab")  # index 0: the blank
     ['ab']
     >>> ctc_ids_to_text(ctc_decode(logits)[0][0], vocabulary="-ab")  # no mask
@@ -391,22 +369,17 @@ def _vocabulary_list(vocabulary):
 
 
 def ctc_ids_to_text(ids, vocabulary=None, separator=""):
-    """Turns padded label ids into lists of ids or strings.
-
-    Drops `-1` (decoder padding) and 0 (the blank, also `y_true`'s padding), so
-    decoded paths and reference labels give comparable strings.
+    """Turns padded label ids into lists of ids or strings, dropping -1 and 0.
 
     Args:
-        ids: Integer array or tensor of shape `(batch, length)` or
-            `(top_paths, batch, length)`.
-        vocabulary: `None` (lists of ids), a list or string of tokens indexed
-            by id, a dict `{id: token}`, or a `keras.layers.StringLookup` (its
-            OOV index 0 serves as the blank). Defaults to `None`.
-        separator: String placed between tokens. Defaults to `""`.
+        ids: Integer array `(batch, length)` or `(top_paths, batch, length)`.
+        vocabulary: `None` (ids), a list or string of tokens indexed by id, a
+            dict `{id: token}`, or a `keras.layers.StringLookup`. Defaults to
+            `None`.
+        separator: String between tokens. Defaults to `""`.
 
     Returns:
-        A list with one entry per row (a list of ints, or a string with a
-        vocabulary), or a list of such lists for rank-3 `ids`.
+        One entry per row (a list of ints, or a string), nested for rank 3.
 
     Example:
 

@@ -32,22 +32,16 @@ def static_batch_signature(model, batch_size):
 
     Args:
         model: A built Functional or Sequential `keras.Model`.
-        batch_size: Positive int, the batch size to fix.
+        batch_size: Positive int.
 
     Returns:
-        The `input_signature` for `model.export()`: `keras.InputSpec`s with the
-        inputs' names, dtypes and other axes (`None` stays dynamic), in a
-        one-element list holding the input structure for a Functional model, a
-        flat list for a Sequential one.
+        `model.export()`'s `input_signature`: `keras.InputSpec`s keeping the
+        inputs' names, dtypes and other axes.
 
     Example:
 
     ```python
-    seq = keras.Input((None, 12), name="seq")
-    lengths = keras.Input((), dtype="int32", name="lengths")
-    y = maskedrnn.MaskedBidirectional(keras.layers.GRU(8))(seq, lengths=lengths)
-    model = keras.Model([seq, lengths], y)
-    static_batch_signature(model, 4)
+    static_batch_signature(model, 4)  # inputs: (None, None, 12) and (None,)
     # [[InputSpec(shape=(4, None, 12), name=seq),
     #   InputSpec(shape=(4,), dtype=int32, name=lengths)]]
     ```
@@ -86,25 +80,21 @@ def export_litert(
 ):
     """Exports `model` to a `.tflite` file that runs on the LiteRT interpreter.
 
-    Calls `model.export(filepath, format="litert", ...)` with a fixed batch
-    size and TFLite built-in ops only, so that the file runs on the plain
-    `ai_edge_litert` interpreter; the time axis stays dynamic. Pad smaller
-    batches with `pad_batch_rows`. Conversion fails rather than emitting ops
-    the interpreter cannot run. Traced inside `maskedrnn.backends.portable()`,
-    so LSTMs run Keras' own layer (same function). Needs the TensorFlow
-    backend.
+    `model.export(filepath, format="litert")` with a fixed batch size and
+    built-in ops only, so the plain `ai_edge_litert` interpreter runs it; the
+    time axis stays dynamic. Traced in `maskedrnn.backends.portable()`, so
+    LSTMs run Keras' own layer. Needs the TensorFlow backend.
 
     Args:
         model: A built `keras.Model`.
-        filepath: `str` or path ending in `.tflite`.
-        batch_size: Positive int, the fixed batch size. Defaults to `None`:
-            then `input_signature` is required.
-        input_signature: Optional signature in `model.export`'s format, with a
-            fixed (int) batch size in every spec. Defaults to `None`
-            (`static_batch_signature(model, batch_size)`).
+        filepath: Path ending in `.tflite`.
+        batch_size: Positive int, the fixed batch size; or pass
+            `input_signature`.
+        input_signature: Optional signature with a fixed batch size in every
+            spec. Defaults to `static_batch_signature(model, batch_size)`.
         verbose: Passed to `model.export`. Defaults to `None`.
-        **converter_kwargs: Extra `tf.lite.TFLiteConverter` attributes (e.g.
-            `optimizations`); not `target_spec`, which is set here.
+        **converter_kwargs: `tf.lite.TFLiteConverter` attributes, not
+            `target_spec`.
 
     Returns:
         `filepath` as a `str`.
@@ -174,18 +164,15 @@ def export_litert(
 def pad_batch_rows(arrays, batch_size):
     """Pads every array along axis 0 with zero rows up to `batch_size` rows.
 
-    Zero rows are empty sequences (length 0, or all padding ids), which the
-    masked layers handle exactly and independently of the real rows; discard
-    the outputs past the first `n` rows.
+    Zero rows are empty sequences, which the masked layers handle exactly and
+    independently of the real rows; discard outputs past the first `n` rows.
 
     Args:
-        arrays: List of arrays with the same number of rows `n`, e.g.
-            `[features, lengths]` or `[ids]`.
+        arrays: List of arrays with the same number of rows `n`.
         batch_size: Positive int, at least `n`.
 
     Returns:
-        A tuple `(padded, n)`: the padded numpy arrays, each with `batch_size`
-        rows and its original dtype, and `n`.
+        A tuple `(padded, n)`: the padded numpy arrays, dtypes kept, and `n`.
 
     Example:
 

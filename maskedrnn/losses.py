@@ -58,40 +58,33 @@ def _resolve_loss(loss):
 class MaskedLoss(keras.losses.Loss):
     """Wraps a per-timestep loss so that padded steps do not count.
 
-    The mask comes from the Keras mask of `y_pred`, from `pad_value` in
-    `y_true` (for models whose outputs carry no mask), or both (their AND);
-    without either, the loss equals the wrapped one. The value is exactly what
-    Keras computes when `y_pred` carries the mask: the default reduction is
-    `sum(loss * sample_weight * mask) / sum(mask)`. Labels at padded steps are
-    set to 0 before the wrapped loss runs, so labels such as `-1` never reach
-    it, and padded steps contribute 0.
+    Steps are masked by the Keras mask of `y_pred`, by `pad_value` in `y_true`
+    (for outputs without a mask), or both; without either the loss equals the
+    wrapped one. The value is what Keras computes when `y_pred` carries the
+    mask, e.g. `sum(loss * sample_weight * mask) / sum(mask)` by default.
+    Padded steps contribute 0, and their labels are set to 0 first, so labels
+    such as `-1` never reach the wrapped loss.
 
     Args:
-        loss: The per-timestep loss: a `keras.losses.Loss` instance, a function
-            `fn(y_true, y_pred)`, or the name of a Keras loss. For `y_pred` of
-            shape `(batch, time, features)` it must return `(batch, time)`;
-            its own `reduction` is ignored.
-        pad_value: Number or `None`. Steps whose label equals `pad_value` are
-            padding (with a trailing feature axis: where all features do);
-            `float("nan")` matches NaN. Defaults to `None`.
-        reduction: Type of reduction to apply to the loss, as in
-            `keras.losses.Loss`; means divide by the number of valid steps.
-            Defaults to `"sum_over_batch_size"`.
-        name: Optional name of the loss instance. Defaults to `"masked_loss"`.
-        dtype: Dtype of the loss computation. Defaults to `None`
-            (`keras.backend.floatx()`).
+        loss: A `keras.losses.Loss`, a function `fn(y_true, y_pred)` or a Keras
+            loss name, returning `(batch, time)` values; its own `reduction`
+            is ignored.
+        pad_value: Number; steps whose label equals it (all features, for a
+            feature axis) are padding. `float("nan")` matches NaN. Defaults to
+            `None`.
+        reduction: Type of reduction, as in `keras.losses.Loss`; means divide
+            by the number of valid steps. Defaults to `"sum_over_batch_size"`.
+        name: Name of the loss instance. Defaults to `"masked_loss"`.
+        dtype: Dtype of the loss computation. Defaults to `None`.
 
     Call arguments:
-        y_true: Labels of shape `(batch, time)` (integer class ids) or
-            `(batch, time, ...)`.
-        y_pred: Predictions of shape `(batch, time, ...)`, possibly carrying a
-            `(batch, time)` Keras mask.
-        sample_weight: Optional weights of shape `(batch,)` (applied to every
-            step of the sequence) or `(batch, time)`.
+        y_true: Labels `(batch, time)` (class ids) or `(batch, time, ...)`.
+        y_pred: Predictions `(batch, time, ...)`, possibly with a Keras mask.
+        sample_weight: Optional weights `(batch,)` or `(batch, time)`.
 
     Returns:
-        A scalar, or the `(batch, time)` weighted values (0 at padded steps)
-        for `reduction="none"`.
+        A scalar, or `(batch, time)` values (0 at padded steps) for
+        `reduction="none"`.
 
     Example:
 
@@ -188,26 +181,21 @@ def masked_loss(
 ):
     """Masked per-timestep loss as a function, for custom training loops.
 
-    Equal to `MaskedLoss(loss_fn, pad_value, reduction)(y_true, y_pred,
-    sample_weight)` with `mask` (or the mask of `lengths`) as one more mask
-    source.
+    `MaskedLoss(loss_fn, pad_value, reduction)(y_true, y_pred, sample_weight)`
+    with `mask` (or `lengths`) as one more mask source.
 
     Args:
         loss_fn: The per-timestep loss, as `MaskedLoss`'s `loss`.
-        y_true: Labels of shape `(batch, time)` or `(batch, time, ...)`.
-        y_pred: Predictions of shape `(batch, time, ...)`.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
-            valid steps. Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)` for right-padded
-            rows; not with `mask`. Defaults to `None`.
-        sample_weight: Optional weights of shape `(batch,)` or `(batch, time)`.
-            Defaults to `None`.
+        y_true: Labels `(batch, time)` or `(batch, time, ...)`.
+        y_pred: Predictions `(batch, time, ...)`.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid steps.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
+        sample_weight: Optional weights `(batch,)` or `(batch, time)`.
         pad_value: As in `MaskedLoss`. Defaults to `None`.
         reduction: As in `MaskedLoss`. Defaults to `"sum_over_batch_size"`.
 
     Returns:
-        A scalar, or `(batch, time)` values (0 at padded steps) for
-        `reduction="none"`.
+        A scalar, or `(batch, time)` values (0 at padded steps).
 
     Example:
 

@@ -40,11 +40,9 @@ class _MaskedStepMean(keras.metrics.Metric):
         """Accumulates the valid steps of one batch; padded steps add nothing.
 
         Args:
-            y_true: Labels or targets, shape `(batch, time)` or `(batch, time, ...)`.
-            y_pred: Predictions, shape `(batch, time, ...)`, possibly carrying a
-                `(batch, time)` Keras mask.
-            sample_weight: Optional weights of shape `(batch,)` or `(batch, time)`.
-                Defaults to `None`.
+            y_true: Labels or targets, `(batch, time)` or `(batch, time, ...)`.
+            y_pred: Predictions `(batch, time, ...)`, possibly with a Keras mask.
+            sample_weight: Optional weights `(batch,)` or `(batch, time)`.
         """
         native_mask = get_keras_mask(y_pred)
         y_pred = ops.convert_to_tensor(y_pred)
@@ -75,22 +73,17 @@ class _MaskedStepMean(keras.metrics.Metric):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedAccuracy(_MaskedStepMean):
-    """Sparse categorical accuracy over the valid timesteps.
-
-    (number correct) / (number valid) over all batches; steps are valid where
-    the Keras mask of `y_pred` is True and the label differs from `pad_value`.
+    """Sparse categorical accuracy over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: labels equal to it mark padded steps
-            (e.g. `-1`). Defaults to `None`.
+        pad_value: Number; labels equal to it mark padded steps. Defaults to
+            `None`.
         name: Name of the metric. Defaults to `"masked_accuracy"`.
-        dtype: Dtype of the result and accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Integer labels of shape `(batch, time)` or `(batch, time, 1)`.
-        y_pred: Scores (logits or probabilities) of shape
-            `(batch, time, classes)`.
+        y_true: Integer labels `(batch, time)` or `(batch, time, 1)`.
+        y_pred: Scores `(batch, time, classes)`, possibly with a Keras mask.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:
@@ -139,22 +132,18 @@ class _MaskedMeanError(_MaskedStepMean):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedMeanAbsoluteError(_MaskedMeanError):
-    """Mean absolute error over the valid timesteps.
-
-    Per step `mean(abs(y_true - y_pred), axis=-1)`, averaged over the valid
-    steps of all batches.
+    """Mean absolute error over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: a step is padding when all its targets
-            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        pad_value: Number; a step is padding when all its targets equal it.
+            Defaults to `None`.
         name: Name of the metric. Defaults to `"masked_mean_absolute_error"`.
-        dtype: Dtype of the result and accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
-            when `y_pred` has one feature.
-        y_pred: Predictions of shape `(batch, time, features)`.
+        y_true: Targets `(batch, time, features)`, or `(batch, time)` for one
+            feature.
+        y_pred: Predictions `(batch, time, features)`.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:
@@ -175,22 +164,18 @@ class MaskedMeanAbsoluteError(_MaskedMeanError):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedMeanSquaredError(_MaskedMeanError):
-    """Mean squared error over the valid timesteps.
-
-    Per step `mean(square(y_true - y_pred), axis=-1)`, averaged over the valid
-    steps of all batches.
+    """Mean squared error over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: a step is padding when all its targets
-            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        pad_value: Number; a step is padding when all its targets equal it.
+            Defaults to `None`.
         name: Name of the metric. Defaults to `"masked_mean_squared_error"`.
-        dtype: Dtype of the result and accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
-            when `y_pred` has one feature.
-        y_pred: Predictions of shape `(batch, time, features)`.
+        y_true: Targets `(batch, time, features)`, or `(batch, time)` for one
+            feature.
+        y_pred: Predictions `(batch, time, features)`.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:

@@ -102,21 +102,18 @@ def _differences(expected, found):
 def load_weights(model, filepath):
     """Loads Keras weights across Keras' RNN layers and maskedrnn's wrappers.
 
-    Loads a checkpoint of a model built with `keras.layers.Bidirectional` and
-    plain `LSTM`/`GRU`/`SimpleRNN` layers into the same architecture built with
-    `MaskedBidirectional` and `MaskedRNN` (e.g. what `convert_model` returns),
-    and the other way round; Keras' `model.load_weights` cannot, since its
-    files key layers by class name. If the layouts differ, `model` is rebuilt
-    with the other layer classes until one layout matches the file (see
-    `docs/convert.md`); then only the layers' weights are loaded, not an
-    optimizer state. Nothing is assigned unless a layout matches.
+    Loads a checkpoint of a model built with `Bidirectional` and plain
+    `LSTM`/`GRU`/`SimpleRNN` layers into the same architecture built with
+    `MaskedBidirectional`/`MaskedRNN` (e.g. from `convert_model`), and back;
+    Keras' `load_weights` cannot, its files key layers by class name. If the
+    layouts differ, `model` is rebuilt with the other classes until one matches
+    the file, and only the layers' weights (no optimizer state) are copied.
+    Nothing is assigned unless a layout matches.
 
     Args:
-        model: A built `keras.Model`; rebuilding needs a Sequential or
-            Functional model (a subclassed one keys layers by attribute name,
-            so `model.load_weights` works for it).
-        filepath: Path of a `.weights.h5` file (`model.save_weights`) or a
-            `.keras` file (`model.save`).
+        model: A built Sequential or Functional `keras.Model` (a subclassed
+            one keys layers by attribute, so `model.load_weights` works).
+        filepath: Path of a `.weights.h5` or `.keras` file.
 
     Returns:
         None; the model's variables are assigned in place.
@@ -124,8 +121,7 @@ def load_weights(model, filepath):
     Raises:
         TypeError: If `model` is not a `keras.Model`.
         ValueError: If `model` is not built, `filepath` has another extension,
-            or no rebuilt model matches the file (the message lists the weights
-            that differ).
+            or no layout matches (the message lists the weights that differ).
 
     Example:
 

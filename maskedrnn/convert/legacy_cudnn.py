@@ -298,15 +298,13 @@ def _legacy_part_to_keras(kind, reset_after, arrays, where):
 def load_legacy_cudnn_h5(filepath, model):
     """Loads a tf-keras `.h5` file with CuDNN RNN weights into a Keras 3 model.
 
-    Keras 3 reads legacy `.h5` weights but no longer converts CuDNN RNN
-    weights. Saved layers with weights are matched to `model`'s by order; RNN
-    weights in CuDNN layout are converted, all others copied. Build the
-    equivalent model yourself: `LSTM` for `CuDNNLSTM`, `GRU(reset_after=True)`
-    for `CuDNNGRU`, `Bidirectional` or `MaskedBidirectional` for
-    `Bidirectional`. Everything is checked before the first assignment.
+    Keras 3 no longer converts CuDNN RNN weights. Saved layers with weights
+    are matched to `model`'s by order; CuDNN-layout RNN weights are converted,
+    others copied; nothing is assigned unless all fit. Build the model with
+    `LSTM` for `CuDNNLSTM` and `GRU(reset_after=True)` for `CuDNNGRU`.
 
     Args:
-        filepath: Path of an `.h5` file written by tf-keras `model.save()` or
+        filepath: Path of an `.h5` file from tf-keras `model.save()` or
             `model.save_weights()`.
         model: A built Keras 3 model whose layers with weights correspond, in
             order, to the saved ones.
@@ -317,9 +315,7 @@ def load_legacy_cudnn_h5(filepath, model):
     Example:
 
     ```python
-    # Saved by tf-keras: Bidirectional(CuDNNLSTM(64, return_sequences=True))
-    # -> CuDNNGRU(32) -> Dense(1), on inputs of shape (None, 20, 8).
-    inputs = keras.Input((20, 8))
+    inputs = keras.Input((20, 8))  # saved: Bidirectional(CuDNNLSTM), CuDNNGRU
     x = keras.layers.Bidirectional(
         keras.layers.LSTM(64, return_sequences=True))(inputs)
     x = keras.layers.GRU(32)(x)

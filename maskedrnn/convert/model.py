@@ -147,9 +147,8 @@ def _sequences_shape(layer):
 def bidirectional_to_masked(layer):
     """Returns a `MaskedBidirectional` equivalent to a `Bidirectional` layer.
 
-    The new layer has `layer`'s configuration and, if `layer` is built, is
-    built for the same input shape with a copy of its weights. Called with the
-    same inputs and mask, it returns the same outputs and states.
+    Same configuration; if `layer` is built, built for the same input shape
+    with a copy of its weights. Same outputs and states for the same mask.
 
     Args:
         layer: A `keras.layers.Bidirectional` around a `keras.layers.RNN`
@@ -160,8 +159,7 @@ def bidirectional_to_masked(layer):
 
     Raises:
         TypeError: If `layer` is not a `keras.layers.Bidirectional`.
-        ValueError: If `layer` cannot be expressed as a `MaskedBidirectional`;
-            the message says why.
+        ValueError: If `layer` cannot be expressed as one; the message says why.
 
     Example:
 
@@ -377,42 +375,34 @@ class _Converter:
 def convert_model(model, strict=False, only=None, exclude=None):
     """The one-line upgrade: masked RNNs that keep their fused kernels.
 
-    Returns a new model in which every `keras.layers.Bidirectional` around an
-    RNN is a `maskedrnn.MaskedBidirectional` and every plain `LSTM`, `GRU` and
-    `SimpleRNN` is a `maskedrnn.MaskedRNN`, with the same configuration, name
-    and a copy of the weights; other layers are copied as by
-    `keras.models.clone_model`, nested Sequential/Functional models converted
-    too. Fed the same inputs (and so the same Keras masks), the new model
-    returns the same predictions. On Keras >= 3.16, whose RNNs stop passing
-    masks on, a warning names the layers that now see a mask. A compiled model
-    is compiled again from its compile config; if Keras cannot rebuild it, the
-    new model is left uncompiled with a warning (see `docs/convert.md`).
-
-    A layer the maskedrnn layers cannot express (stateful, a subclass, a
-    `Bidirectional` with `go_backwards=True` or around a non-RNN, or inside a
-    layer copied as a whole) is kept as it is, with a warning.
+    Returns a copy of `model` in which every `Bidirectional` around an RNN is a
+    `MaskedBidirectional` and every plain `LSTM`, `GRU` and `SimpleRNN` a
+    `MaskedRNN`, with the same configuration, names and weights; nested
+    Sequential/Functional models are converted too. Fed the same inputs, it
+    returns the same predictions (on Keras >= 3.16, which stops passing RNN
+    masks on, a warning names the layers that now see one). Layers that cannot
+    be expressed (stateful, subclasses, `go_backwards=True`, inside a layer
+    copied whole) are kept, with a warning. A compiled model is compiled again
+    from its config, or left uncompiled with a warning (see `docs/convert.md`).
 
     Args:
         model: A built `keras.Sequential` or Functional `keras.Model`.
-            Subclassed models are refused with instructions to swap by hand.
-        strict: Bool. If `True`, a layer that cannot be converted raises a
-            `ValueError` instead of a warning. Defaults to `False`.
-        only: Optional layer name, layer class, or list of them: only matching
-            layers are converted (a class matches the layer itself, so
-            `keras.layers.LSTM` does not select a `Bidirectional(LSTM(...))`).
-            Defaults to `None` (every layer).
-        exclude: Optional layer name, layer class, or list of them, kept as
-            they are, silently. Defaults to `None`.
+        strict: Bool; if `True`, a layer that cannot be converted raises
+            instead of warning. Defaults to `False`.
+        only: Optional layer name, layer class, or list of them: only those
+            layers are converted (a class matches the layer itself, not the
+            RNN inside a `Bidirectional`). Defaults to `None` (all).
+        exclude: Optional layer name, layer class, or list of them to keep as
+            they are. Defaults to `None`.
 
     Returns:
-        A new model of the same kind; the original is unchanged and shares no
-        weights with it.
+        A new model of the same kind, sharing no weights with `model`.
 
     Raises:
         TypeError: If `model` is not a `keras.Model`, or `only`/`exclude` hold
             something other than layer names and classes.
-        ValueError: If `model` is subclassed, `only`/`exclude` name a layer it
-            does not have, or `strict=True` and a layer cannot be converted.
+        ValueError: If `model` is subclassed, `only`/`exclude` name a missing
+            layer, or `strict=True` and a layer cannot be converted.
 
     Example:
 
