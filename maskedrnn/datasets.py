@@ -130,21 +130,16 @@ def _parse_values(text, lineno, dim):
 def parse_ts(path_or_text):
     """Parses a time-series file in the sktime/aeon `.ts` format.
 
-    A header of `@tag value` lines ends with `@data`; then one case per line,
-    dimensions separated by `:`, values by `,`, the class label or regression
-    target last. Cases may differ in length, dimensions of a case may not. `?`
-    reads as NaN; blank and `#` lines are ignored; tags are case-insensitive;
-    timestamped data is not supported.
+    Cases may differ in length; `?` reads as NaN; timestamped data is not
+    supported.
 
     Args:
-        path_or_text: A path to a `.ts` file, or its contents (a `str` with a
-            newline).
+        path_or_text: A path to a `.ts` file, or its text (with a newline).
 
     Returns:
         A tuple `(series, labels, metadata)`: one float32 array `(time, dims)`
-        per case; a str (class) or float32 (target) array of shape `(cases,)`,
-        or `None`; and a dict of the header tags present (`problem_name`,
-        `dimensions`, `class_labels`, ...).
+        per case; the class (str) or target (float32) labels `(cases,)`, or
+        `None`; and a dict of the header tags present.
 
     Raises:
         ValueError: On malformed input; the message names the line number.
@@ -154,12 +149,8 @@ def parse_ts(path_or_text):
     >>> series, labels, meta = parse_ts(
     ...     "@problemName toy\\n@univariate false\\n@dimensions 2\\n"
     ...     "@classLabel true a b\\n@data\\n1,2,3:4,5,?:a\\n6:7:b\\n")
-    >>> [s.shape for s in series]
-    [(3, 2), (1, 2)]
-    >>> series[0][:, 1]
-    array([ 4.,  5., nan], dtype=float32)
-    >>> labels
-    array(['a', 'b'], dtype='<U1')
+    >>> [s.shape for s in series], labels
+    ([(3, 2), (1, 2)], array(['a', 'b'], dtype='<U1'))
     """
     if isinstance(path_or_text, os.PathLike) or (
         isinstance(path_or_text, str) and "\n" not in path_or_text
@@ -309,29 +300,24 @@ _JAPANESE_VOWELS_FILES = {
 def load_japanese_vowels(split="train"):
     """Loads the UCI Japanese Vowels data set shipped with `maskedrnn`.
 
-    Nine speakers uttered /ae/; each utterance is 7 to 29 frames of 12 LPC
-    cepstrum coefficients and the task is to recognise the speaker (270
-    training, 370 test utterances). Source: Kudo, Toyama and Shimbo (1999), UCI
-    Machine Learning Repository (CC BY 4.0,
-    https://doi.org/10.24432/C5NS47), see
-    `maskedrnn/data/JapaneseVowels_LICENSE.md`. Read from the installed
-    package, so it works offline.
+    Nine speakers' utterances of /ae/, 7 to 29 frames of 12 LPC cepstrum
+    coefficients; the task is to recognise the speaker. Source: Kudo, Toyama
+    and Shimbo (1999), UCI ML Repository (CC BY 4.0,
+    https://doi.org/10.24432/C5NS47); see `maskedrnn/data/`.
 
     Args:
-        split: `"train"` or `"test"`. Defaults to `"train"`.
+        split: `"train"` (270 utterances) or `"test"` (370). Defaults to
+            `"train"`.
 
     Returns:
-        A tuple `(sequences, labels)`: float32 arrays of shape `(time, 12)`, and
-        an int32 array `(cases,)` of speaker indices 0..8.
+        A tuple `(sequences, labels)`: float32 arrays `(time, 12)`, and int32
+        speaker indices 0..8 `(cases,)`.
 
     Example:
 
     >>> x, y = load_japanese_vowels("train")
     >>> len(x), x[0].shape, y[:3]
     (270, (20, 12), array([0, 0, 0], dtype=int32))
-    >>> padded, lengths = pad_batch(x)
-    >>> padded.shape
-    (270, 26, 12)
     """
     if split not in _JAPANESE_VOWELS_FILES:
         raise ValueError(f"split must be 'train' or 'test'; got {split!r}.")
@@ -348,30 +334,25 @@ def load_japanese_vowels(split="train"):
 def pad_batch(sequences, maxlen=None, padding="post", value=0.0, dtype="float32"):
     """Pads variable-length sequences into one array and returns their lengths.
 
-    Like `keras.utils.pad_sequences`, but sequences may have feature axes, the
-    lengths come back, and a sequence longer than `maxlen` is an error, not
-    truncated.
+    Like `keras.utils.pad_sequences`, but with feature axes, the lengths
+    returned, and an error, not truncation, past `maxlen`.
 
     Args:
-        sequences: Non-empty sequence of array-likes `(time, *features)`, with
-            the same `features` (`time` may be 0).
+        sequences: Non-empty sequence of arrays `(time, *features)`.
         maxlen: Int, the padded length. Defaults to `None` (the longest).
         padding: `"post"` or `"pre"`. Defaults to `"post"`.
         value: Scalar written into the padded steps. Defaults to `0.0`.
         dtype: NumPy dtype of the result. Defaults to `"float32"`.
 
     Returns:
-        A tuple `(padded, lengths)`: `(len(sequences), maxlen, *features)` of
-        `dtype`, and int32 lengths `(len(sequences),)`.
+        A tuple `(padded, lengths)`: `(len(sequences), maxlen, *features)` and
+        int32 `(len(sequences),)`.
 
     Example:
 
     >>> padded, lengths = pad_batch([np.ones((2, 3)), np.ones((4, 3))])
     >>> padded.shape, lengths
     ((2, 4, 3), array([2, 4], dtype=int32))
-    >>> pad_batch([[1, 2], [3]], padding="pre", dtype="int32")[0]
-    array([[1, 2],
-           [0, 3]], dtype=int32)
     """
     if padding not in ("pre", "post"):
         raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
@@ -438,31 +419,22 @@ def make_distance_to_end_task(
     """Synthetic tagging task that needs the backward direction of an RNN.
 
     Each token's target is its distance to the end of its sequence, clipped to
-    `n_classes - 1`. Tokens carry no information, so only a backward RNN that
-    starts at the last real token can count it: wrong padding handling shows up
-    directly as wrong targets.
+    `n_classes - 1`; tokens carry no information, so wrong padding handling in
+    the backward direction shows up directly as wrong targets.
 
     Args:
         n: Int >= 1, number of sequences.
-        maxlen: Int >= 1, padded length (and longest sequence).
-        vocab_size: Int >= 2; tokens are `1 .. vocab_size - 1`, 0 pads.
-            Defaults to `16`.
-        n_classes: Int >= 1, number of target classes. Defaults to `8`.
-        min_length: Int in `[1, maxlen]`, the shortest length. Defaults to
-            `None` (`max(1, maxlen // 5)`).
+        maxlen: Int >= 1, padded length.
+        vocab_size: Int >= 2; tokens are `1 .. vocab_size - 1`. Defaults to
+            `16`.
+        n_classes: Int >= 1. Defaults to `8`.
+        min_length: Int in `[1, maxlen]`. Defaults to `max(1, maxlen // 5)`.
         padding: `"post"` or `"pre"`. Defaults to `"post"`.
         seed: Int, seed of `numpy.random.default_rng`. Defaults to `None`.
 
     Returns:
-        A tuple `(ids, labels, lengths)`: int32 `(n, maxlen)` token ids (0 at
-        padding), int32 `(n, maxlen)` targets (-1 at padding) and int32 `(n,)`
-        lengths.
-
-    Example:
-
-    >>> ids, labels, lengths = make_distance_to_end_task(2, 6, seed=0)
-    >>> ids.shape, labels.shape, lengths.shape
-    ((2, 6), (2, 6), (2,))
+        A tuple `(ids, labels, lengths)`: int32 `(n, maxlen)` ids (0 at
+        padding), int32 `(n, maxlen)` targets (-1 at padding), int32 `(n,)`.
     """
 
     check_int("n", n, 1)
@@ -506,29 +478,22 @@ def make_spoken_digits_task(
 ):
     """Synthetic "speech": digit strings rendered as noisy frames, for CTC.
 
-    Each digit has a random prototype vector; a string of 1 to `max_digits`
-    digits becomes 2-4 noisy frames per digit with silence between, so
-    alignment is unknown and the task needs CTC. Padded frames are exactly
-    zero (`keras.layers.Masking()` masks them); real frames never are. Label
-    ids are `digit + 1` (0 is the blank), so
-    `ctc_ids_to_text(labels, vocabulary="_0123456789")` gives the strings.
+    Each digit becomes 2-4 noisy frames of its prototype, with silence between,
+    so alignment is unknown. Padded frames are exactly zero (`Masking()` masks
+    them); label ids are `digit + 1` (0 is the blank).
 
     Args:
         n: Int >= 1, number of sequences.
-        max_digits: Int >= 1, most digits per sequence (and width of
-            `labels`). Defaults to `5`.
+        max_digits: Int >= 1, most digits per sequence. Defaults to `5`.
         features: Int >= 1, features per frame. Defaults to `12`.
-        noise: Float >= 0, standard deviation of the frame noise. Defaults to
-            `0.6`.
-        maxlen: Int, the padded number of frames; a longer sequence is an
-            error. Defaults to `None` (the longest).
+        noise: Float >= 0, noise standard deviation. Defaults to `0.6`.
+        maxlen: Int, the padded number of frames. Defaults to the longest.
         padding: `"post"` or `"pre"`. Defaults to `"post"`.
         seed: Int, seed of `numpy.random.default_rng`. Defaults to `None`.
 
     Returns:
-        A tuple `(x, labels, lengths)`: float32 `(n, maxlen, features)` (0 at
-        padding), int32 `(n, max_digits)` labels padded with 0, and int32 `(n,)`
-        frame counts.
+        A tuple `(x, labels, lengths)`: float32 `(n, maxlen, features)`, int32
+        `(n, max_digits)` padded with 0, and int32 `(n,)` frame counts.
 
     Example:
 
