@@ -69,13 +69,12 @@ def cudnn_canonical_lstm_to_lstm(weights, biases):
 
     Args:
         weights: The 8 matrices `[W_i, W_f, W_c, W_o (U, D), R_i, R_f, R_c,
-            R_o (U, U)]` of one layer and direction (row-major flattenings are
-            accepted).
-        biases: The 8 vectors `[bW_i, ..., bW_o, bR_i, ..., bR_o]`, each `(U,)`.
+            R_o (U, U)]` (or their row-major flattenings).
+        biases: The 8 `(U,)` vectors `[bW_i, ..., bW_o, bR_i, ..., bR_o]`.
 
     Returns:
-        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` of
-        `keras.layers.LSTM(U)`, with `bias = bW + bR`.
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`,
+        `bias = bW + bR`.
 
     Example:
 
@@ -99,16 +98,8 @@ def lstm_to_cudnn_canonical_lstm(weights):
         weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        A tuple `(weights, biases)` of 8 matrices and 8 `(U,)` vectors; each
-        Keras bias is halved into `bW` and `bR`, as TF's `CudnnLSTMSaveable`
-        does.
-
-    Example:
-
-    >>> w, b = lstm_to_cudnn_canonical_lstm(
-    ...     [np.ones((3, 8)), np.ones((2, 8)), np.ones(8)])
-    >>> [a.shape for a in w][:5], b[0]
-    ([(2, 3), (2, 3), (2, 3), (2, 3), (2, 2)], array([0.5, 0.5]))
+        A tuple `(weights, biases)` of 8 matrices and 8 `(U,)` vectors, the
+        Keras bias halved into `bW` and `bR` (as TF's `CudnnLSTMSaveable`).
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
     matrices = [k.T for k in split_gates(kernel, LSTM_GATES, axis=1)]
@@ -119,25 +110,15 @@ def lstm_to_cudnn_canonical_lstm(weights):
 
 
 def cudnn_canonical_gru_to_gru(weights, biases):
-    """Converts one layer of cuDNN canonical GRU params to `keras.layers.GRU`.
-
-    cuDNN's GRU is Keras' `GRU(reset_after=True)`; the conversion is exact.
+    """Converts one layer of cuDNN canonical GRU params to `GRU(reset_after=True)`.
 
     Args:
         weights: The 6 matrices `[W_r, W_z, W_h (U, D), R_r, R_z, R_h (U, U)]`
-            (row-major flattenings are accepted).
-        biases: The 6 vectors `[bW_r, bW_z, bW_h, bR_r, bR_z, bR_h]`, each
-            `(U,)`.
+            (or their row-major flattenings).
+        biases: The 6 `(U,)` vectors `[bW_r, bW_z, bW_h, bR_r, bR_z, bR_h]`.
 
     Returns:
-        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` of
-        `keras.layers.GRU(U, reset_after=True)`, gates z, r, h.
-
-    Example:
-
-    >>> w = [np.ones((2, 3))] * 3 + [np.ones((2, 2))] * 3
-    >>> [a.shape for a in cudnn_canonical_gru_to_gru(w, [np.zeros(2)] * 6)]
-    [(3, 6), (2, 6), (2, 6)]
+        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`, exact.
     """
     weights, biases, _, _ = _canonical_matrices(
         weights, biases, GRU_GATES, "weights", "biases", "cuDNN GRU layer"
@@ -151,21 +132,13 @@ def cudnn_canonical_gru_to_gru(weights, biases):
 
 
 def gru_to_cudnn_canonical_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to cuDNN canonical.
+    """Converts `GRU(reset_after=True)` weights to cuDNN canonical params, exactly.
 
     Args:
         weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
-        A tuple `(weights, biases)` of 6 matrices (gates r, z, h) and 6 `(U,)`
-        vectors. Exact.
-
-    Example:
-
-    >>> w, b = gru_to_cudnn_canonical_gru(
-    ...     [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))])
-    >>> [a.shape for a in w], len(b)
-    ([(2, 3), (2, 3), (2, 3), (2, 2), (2, 2), (2, 2)], 6)
+        A tuple `(weights, biases)` of 6 matrices (gates r, z, h) and 6 vectors.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
     matrices = [
@@ -188,17 +161,14 @@ def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
     """Converts a whole (multi-layer) cuDNN canonical param set to Keras.
 
     Args:
-        weights: Flat list of all canonical weight matrices, as
-            `CudnnRNNParamsToCanonical` returns them.
+        weights: Flat list of all canonical matrices.
         biases: Flat list of all canonical bias vectors.
         rnn_mode: `"lstm"` or `"gru"`.
-        bidirectional: Bool, `True` for `direction="bidirectional"`. Defaults
-            to `False`.
+        bidirectional: Bool. Defaults to `False`.
 
     Returns:
-        A list with one entry per layer: the 3 weights of `LSTM(U)` /
-        `GRU(U, reset_after=True)`, or the 6 of a `Bidirectional` /
-        `MaskedBidirectional` around it.
+        One entry per layer: the 3 weights of `LSTM(U)` / `GRU(U,
+        reset_after=True)`, or the 6 of a bidirectional wrapper around it.
 
     Example:
 
@@ -246,23 +216,13 @@ def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
 def keras_to_cudnn_canonical(layers_weights):
     """Converts stacked Keras LSTM/GRU (or bidirectional) weights to cuDNN.
 
-    Inverse of `cudnn_canonical_to_keras`.
-
     Args:
-        layers_weights: A list with one entry per layer: the 3 weights of an
-            `LSTM` / `GRU(reset_after=True)`, or the 6 of a bidirectional
-            wrapper around one. All of the same type and direction count.
+        layers_weights: One entry per layer, 3 or 6 arrays, all of the same
+            type and direction count.
 
     Returns:
         A tuple `(weights, biases)` of flat lists, as
         `CudnnRNNCanonicalToParams` takes them.
-
-    Example:
-
-    >>> lstm = [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)]
-    >>> w, b = keras_to_cudnn_canonical([lstm])
-    >>> len(w), len(b)
-    (8, 8)
     """
     layers = _layers_list(layers_weights)
     kinds, directions = set(), set()

@@ -89,15 +89,7 @@ def lstm_to_cudnn_compatible_lstm_cell(weights):
         weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        `[kernel (D + U, 4U), bias (4U,)]`, gates i, c, f, o, in the order of
-        `CUDNN_COMPATIBLE_LSTM_CELL_VARIABLES`.
-
-    Example:
-
-    >>> cell = lstm_to_cudnn_compatible_lstm_cell(
-    ...     [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)])
-    >>> [a.shape for a in cell]
-    [(5, 8), (8,)]
+        `[kernel (D + U, 4U), bias (4U,)]`, gates i, c, f, o.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
     stacked = np.concatenate([kernel, recurrent_kernel], axis=0)
@@ -186,24 +178,14 @@ def cudnn_compatible_gru_cell_to_gru(
 
 
 def gru_to_cudnn_compatible_gru_cell(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to the cell's variables.
-
-    The Keras input and recurrent biases of z and r are summed into
-    `gates/bias`.
+    """Converts `GRU(reset_after=True)` weights to `CudnnCompatibleGRUCell` ones.
 
     Args:
         weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
-        The 6 cell variables, in the order of
-        `CUDNN_COMPATIBLE_GRU_CELL_VARIABLES`.
-
-    Example:
-
-    >>> cell = gru_to_cudnn_compatible_gru_cell(
-    ...     [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))])
-    >>> [a.shape for a in cell]
-    [(5, 4), (4,), (3, 2), (2,), (2, 2), (2,)]
+        The 6 variables in the order of `CUDNN_COMPATIBLE_GRU_CELL_VARIABLES`,
+        z and r biases summed into `gates/bias`.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
     k_z, k_r, k_h = split_gates(kernel, 3, axis=1)

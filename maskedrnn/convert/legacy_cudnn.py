@@ -84,15 +84,12 @@ def _legacy_cudnn(weights, n_gates, name, layer_name):
 def cudnn_lstm_to_lstm(weights):
     """Converts legacy `CuDNNLSTM` weights to `keras.layers.LSTM` weights.
 
-    This is what tf-keras applies when it loads CuDNNLSTM weights into an LSTM.
-
     Args:
-        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]` of a
-            `tf.compat.v1.keras.layers.CuDNNLSTM(U)`.
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]`.
 
     Returns:
-        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` of
-        `keras.layers.LSTM(U)`; the two cuDNN biases are summed.
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`, the two cuDNN
+        biases summed.
 
     Example:
 
@@ -115,18 +112,11 @@ def lstm_to_cudnn_lstm(weights):
     """Converts `keras.layers.LSTM` weights to legacy `CuDNNLSTM` weights.
 
     Args:
-        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` of
-            `keras.layers.LSTM(U)`.
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]`; half of the
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]`, half of the
         Keras bias in each cuDNN bias, as tf-keras writes.
-
-    Example:
-
-    >>> keras_weights = [np.ones((3, 8)), np.ones((2, 8)), np.ones(8)]
-    >>> lstm_to_cudnn_lstm(keras_weights)[2][:3]
-    array([0.5, 0.5, 0.5])
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
     kernel = map_gate_blocks(kernel, LSTM_GATES, _keras_block_to_cudnn)
@@ -138,18 +128,14 @@ def lstm_to_cudnn_lstm(weights):
 
 
 def cudnn_gru_to_gru(weights):
-    """Converts legacy `CuDNNGRU` weights to `keras.layers.GRU` weights.
-
-    Exact; this is what tf-keras applies when it loads CuDNNGRU weights into
-    `GRU(reset_after=True)`.
+    """Converts legacy `CuDNNGRU` weights to `keras.layers.GRU` weights, exactly.
 
     Args:
-        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]` of a
-            `tf.compat.v1.keras.layers.CuDNNGRU(U)`.
+        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]`.
 
     Returns:
         `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` of
-        `keras.layers.GRU(U, reset_after=True)`.
+        `GRU(U, reset_after=True)`.
 
     Example:
 
@@ -169,19 +155,13 @@ def cudnn_gru_to_gru(weights):
 
 
 def gru_to_cudnn_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to `CuDNNGRU`. Exact.
+    """Converts `GRU(reset_after=True)` weights to legacy `CuDNNGRU`, exactly.
 
     Args:
         weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
         `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]`.
-
-    Example:
-
-    >>> keras_weights = [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))]
-    >>> [w.shape for w in gru_to_cudnn_gru(keras_weights)]
-    [(3, 6), (2, 6), (12,)]
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
     kernel = map_gate_blocks(kernel, GRU_GATES, _keras_block_to_cudnn)
@@ -195,13 +175,11 @@ def cudnn_bidirectional_to_bidirectional(weights):
     """Converts legacy `Bidirectional(CuDNNLSTM/CuDNNGRU)` weights to Keras 3.
 
     Args:
-        weights: The 6 arrays of the legacy layer, forward then backward; LSTM
-            or GRU is read from the recurrent kernels' shapes.
+        weights: The 6 arrays of the legacy layer, forward then backward.
 
     Returns:
-        The 6 arrays of `keras.layers.Bidirectional` or
-        `maskedrnn.MaskedBidirectional` around `LSTM(U)` or
-        `GRU(U, reset_after=True)`.
+        The 6 arrays of a `Bidirectional` or `MaskedBidirectional` around
+        `LSTM(U)` or `GRU(U, reset_after=True)`.
 
     Example:
 
@@ -216,18 +194,10 @@ def bidirectional_to_cudnn_bidirectional(weights):
     """Converts Keras 3 `Bidirectional(LSTM/GRU)` weights to legacy CuDNN.
 
     Args:
-        weights: The 6 arrays of a `Bidirectional` or `MaskedBidirectional`
-            around `LSTM(U)` or `GRU(U, reset_after=True)`.
+        weights: The 6 arrays of a `Bidirectional` or `MaskedBidirectional`.
 
     Returns:
-        The 6 arrays of a tf-keras `Bidirectional(CuDNNLSTM(U))` (or
-        `CuDNNGRU`).
-
-    Example:
-
-    >>> half = [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)]
-    >>> [w.shape for w in bidirectional_to_cudnn_bidirectional(half + half)]
-    [(3, 8), (2, 8), (16,), (3, 8), (2, 8), (16,)]
+        The 6 arrays of a tf-keras `Bidirectional(CuDNNLSTM/CuDNNGRU)`.
     """
     return _each_direction(weights, lstm_to_cudnn_lstm, gru_to_cudnn_gru)
 

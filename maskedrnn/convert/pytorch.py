@@ -112,8 +112,7 @@ def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
     Returns:
         `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]` of
-        `keras.layers.LSTM(H)` with `bias = bias_ih + bias_hh`, or the first
-        two without biases.
+        `keras.layers.LSTM(H)`, `bias = bias_ih + bias_hh` (none without).
 
     Example:
 
@@ -130,29 +129,18 @@ def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 def lstm_to_torch_lstm(weights):
     """Converts `keras.layers.LSTM` weights to one `torch.nn.LSTM` direction.
 
-    The whole Keras bias goes into `bias_ih`; `bias_hh` is zeros.
-
     Args:
-        weights: `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]`,
-            or `[kernel, recurrent_kernel]` for `use_bias=False`.
+        weights: `[kernel (D, 4H), recurrent_kernel (H, 4H)(, bias (4H,))]`.
 
     Returns:
-        `[weight_ih (4H, D), weight_hh (4H, H), bias_ih (4H,), bias_hh (4H,)]`,
-        or the first two without bias.
-
-    Example:
-
-    >>> t = lstm_to_torch_lstm([np.ones((3, 8)), np.ones((2, 8)), np.ones(8)])
-    >>> [a.shape for a in t], float(t[3][0])
-    ([(8, 3), (8, 2), (8,), (8,)], 0.0)
+        `[weight_ih (4H, D), weight_hh (4H, H)(, bias_ih (4H,), bias_hh)]`:
+        the whole bias in `bias_ih`, zeros in `bias_hh`.
     """
     return _keras_summed_to_torch(weights, LSTM_GATES, "LSTM", _keras_lstm)
 
 
 def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-    """Converts one direction of one `torch.nn.GRU` layer to Keras.
-
-    PyTorch's GRU is Keras' `GRU(reset_after=True)`; the conversion is exact.
+    """Converts one direction of one `torch.nn.GRU` layer to Keras, exactly.
 
     Args:
         weight_ih: Array `(3H, D)`, gate row blocks r, z, n.
@@ -162,8 +150,7 @@ def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
     Returns:
         `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]` of
-        `keras.layers.GRU(H, reset_after=True)`, gates z, r, h, or the first
-        two without biases.
+        `keras.layers.GRU(H, reset_after=True)`, gates z, r, h.
 
     Example:
 
@@ -184,24 +171,14 @@ def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
 
 def gru_to_torch_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to `nn.GRU`.
-
-    Inverse of `torch_gru_to_gru`; exact.
+    """Converts `keras.layers.GRU(reset_after=True)` weights to `nn.GRU`, exactly.
 
     Args:
-        weights: `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]`,
-            or `[kernel, recurrent_kernel]` for `use_bias=False`.
+        weights: `[kernel (D, 3H), recurrent_kernel (H, 3H)(, bias (2, 3H))]`.
 
     Returns:
-        `[weight_ih (3H, D), weight_hh (3H, H), bias_ih (3H,), bias_hh (3H,)]`,
-        gates r, z, n, or the first two without bias.
-
-    Example:
-
-    >>> t = gru_to_torch_gru([np.ones((3, 6)), np.ones((2, 6)),
-    ...                       np.arange(12.0).reshape(2, 6)])
-    >>> t[2]
-    array([2., 3., 0., 1., 4., 5.])
+        `[weight_ih (3H, D), weight_hh (3H, H)(, bias_ih (3H,), bias_hh)]`,
+        gates r, z, n.
     """
     if isinstance(weights, (list, tuple)) and len(weights) == 2:
         kernel, recurrent_kernel = _keras_without_bias(weights, GRU_GATES, "GRU")
@@ -220,8 +197,7 @@ def gru_to_torch_gru(weights):
 def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """Converts one direction of one `torch.nn.RNN` layer to Keras.
 
-    The activation is not in the weights: `nonlinearity="relu"` needs
-    `SimpleRNN(H, activation="relu")`.
+    Build `SimpleRNN(H, activation="relu")` for `nonlinearity="relu"`.
 
     Args:
         weight_ih: Array `(H, D)`.
@@ -231,15 +207,7 @@ def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 
     Returns:
         `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` of
-        `keras.layers.SimpleRNN(H)` with `bias = bias_ih + bias_hh`, or the
-        first two without biases.
-
-    Example:
-
-    >>> w = torch_rnn_to_simple_rnn(np.ones((2, 3)), np.eye(2),
-    ...                             np.ones(2), np.ones(2))
-    >>> [a.shape for a in w], float(w[2][0])
-    ([(3, 2), (2, 2), (2,)], 2.0)
+        `keras.layers.SimpleRNN(H)`, `bias = bias_ih + bias_hh` (none without).
     """
     return _torch_summed_to_keras(
         weight_ih, weight_hh, bias_ih, bias_hh, SIMPLE_RNN_GATES, "nn.RNN"
@@ -249,22 +217,14 @@ def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 def simple_rnn_to_torch_rnn(weights):
     """Converts `keras.layers.SimpleRNN` weights to one `torch.nn.RNN` direction.
 
-    The whole Keras bias goes into `bias_ih`; `bias_hh` is zeros. Build the
-    module with the layer's activation as `nonlinearity` (tanh or relu).
+    Give the module the layer's activation as `nonlinearity`.
 
     Args:
-        weights: `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]`, or
-            `[kernel, recurrent_kernel]` for `use_bias=False`.
+        weights: `[kernel (D, H), recurrent_kernel (H, H)(, bias (H,))]`.
 
     Returns:
-        `[weight_ih (H, D), weight_hh (H, H), bias_ih (H,), bias_hh (H,)]`,
-        or the first two without bias.
-
-    Example:
-
-    >>> t = simple_rnn_to_torch_rnn([np.ones((3, 2)), np.eye(2), np.ones(2)])
-    >>> [a.shape for a in t], float(t[3][0])
-    ([(2, 3), (2, 2), (2,), (2,)], 0.0)
+        `[weight_ih (H, D), weight_hh (H, H)(, bias_ih (H,), bias_hh)]`: the
+        whole bias in `bias_ih`, zeros in `bias_hh`.
     """
     return _keras_summed_to_torch(
         weights, SIMPLE_RNN_GATES, "SimpleRNN", _keras_simple_rnn
@@ -282,25 +242,20 @@ _CONVERTERS = {
 def torch_state_dict_to_keras(state_dict, prefix=""):
     """Converts an `nn.LSTM` / `nn.GRU` / `nn.RNN` `state_dict()` to Keras weights.
 
-    The module type is read from `weight_hh`'s shape; `_reverse` keys mean a
-    bidirectional module.
-
     Args:
         state_dict: Mapping from names to arrays or CPU tensors.
-        prefix: String prepended to every key, e.g. `"encoder.rnn."`.
-            Defaults to `""`.
+        prefix: String before every key, e.g. `"encoder.rnn."`. Defaults to
+            `""`.
 
     Returns:
-        A list with one entry per layer: the weights of `LSTM(H)` /
-        `GRU(H, reset_after=True)` / `SimpleRNN(H)`, or of a
-        `Bidirectional` / `MaskedBidirectional` around one (forward, then
-        backward).
+        One entry per layer: the weights of `LSTM(H)` / `GRU(H,
+        reset_after=True)` / `SimpleRNN(H)`, or of a bidirectional wrapper
+        around one (forward, then backward).
 
     Example:
 
     ```python
-    rnn = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True,
-                        batch_first=True)
+    rnn = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True)
     weights = maskedrnn.convert.torch_state_dict_to_keras(rnn.state_dict())
     layer0 = keras.layers.Bidirectional(
         keras.layers.LSTM(16, return_sequences=True))
@@ -356,18 +311,14 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
 def keras_to_torch_state_dict(layers_weights, prefix=""):
     """Converts stacked Keras LSTM/GRU/SimpleRNN weights to a PyTorch state dict.
 
-    Inverse of `torch_state_dict_to_keras`.
-
     Args:
-        layers_weights: A list with one entry per layer: the weights of an
-            `LSTM` / `GRU(reset_after=True)` / `SimpleRNN`, or of a
-            `Bidirectional` / `MaskedBidirectional` around one. All layers
-            must have the same type, direction count and bias use.
-        prefix: String prepended to every key. Defaults to `""`.
+        layers_weights: One entry per layer: the weights of an `LSTM` /
+            `GRU(reset_after=True)` / `SimpleRNN`, or of a bidirectional wrapper
+            around one; all of the same type, direction count and bias use.
+        prefix: String before every key. Defaults to `""`.
 
     Returns:
-        A dict from `state_dict` keys to numpy arrays, for
-        `module.load_state_dict({k: torch.from_numpy(v) for k, v in d.items()})`.
+        A dict from `state_dict` keys to numpy arrays.
 
     Example:
 
