@@ -63,8 +63,8 @@ class BucketBatchSampler:
         num_buckets: Int >= 1, used without `boundaries`. Defaults to `4`.
         shuffle: Bool, shuffle within and across buckets. Defaults to `True`.
         seed: Int, the shuffling seed. Defaults to `None` (drawn once).
-        drop_remainder: Bool, drop each bucket's last incomplete batch.
-            Defaults to `False`.
+        drop_remainder: Bool, drop each bucket's last incomplete batch (the
+            last bucket's only, with `carry_remainder`). Defaults to `False`.
         carry_remainder: Bool, move each bucket's last incomplete batch on to
             the next bucket, so all batches but the last are full. Defaults to
             `False`.

@@ -41,7 +41,11 @@ def static_batch_signature(model, batch_size):
     Example:
 
     ```python
-    static_batch_signature(model, 4)  # inputs: (None, None, 12) and (None,)
+    seq = keras.Input((None, 12), name="seq")
+    lengths = keras.Input((), dtype="int32", name="lengths")
+    y = maskedrnn.MaskedBidirectional(keras.layers.GRU(8))(seq, lengths=lengths)
+    model = keras.Model([seq, lengths], y)
+    static_batch_signature(model, 4)
     # [[InputSpec(shape=(4, None, 12), name=seq),
     #   InputSpec(shape=(4,), dtype=int32, name=lengths)]]
     ```
