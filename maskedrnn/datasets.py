@@ -429,7 +429,7 @@ def make_distance_to_end_task(
             `16`.
         n_classes: Int >= 1. Defaults to `8`.
         min_length: Int in `[1, maxlen]`; lengths are uniform in
-        `[min_length, maxlen]`. Defaults to `max(1, maxlen // 5)`.
+            `[min_length, maxlen]`. Defaults to `max(1, maxlen // 5)`.
         padding: `"post"` or `"pre"`. Defaults to `"post"`.
         seed: Int, seed of `numpy.random.default_rng`. Defaults to `None`.
 
