@@ -1,12 +1,7 @@
 """Length bucketing: batches of similar length, each padded only to its bucket.
 
-Masking makes padded steps harmless, not free. Batching sequences of similar
-length and padding each batch only to its bucket's boundary skips most of
-that work, with few distinct padded lengths (few compilations).
-`BucketBatchSampler` (NumPy only; also a PyTorch `DataLoader`
-`batch_sampler`) makes the batches of indices; `BucketedDataset`, a
-`keras.utils.PyDataset`, pads them with `maskedrnn.datasets.pad_batch` for
-`fit`, `evaluate` and `predict` on every backend. See docs/scaling.md.
+Masking makes padded steps harmless, not free; bucketing skips most of
+them with few distinct padded lengths. See `docs/scaling.md`.
 """
 
 
@@ -23,14 +18,8 @@ def quantile_boundaries(lengths, num_buckets):
     """Bucket boundaries at the quantiles of a length distribution.
 
     Boundary `i` is the `(i + 1) / num_buckets` quantile of `lengths`, rounded
-    up to a length that occurs (so about the same number of sequences falls
-    in each bucket); repeated values are merged, so fewer than `num_buckets`
-    boundaries may come back. The last boundary is `max(lengths)`.
-
-    Example:
-
-    >>> quantile_boundaries([3, 5, 8, 9, 20, 21, 22, 40], 4)
-    [8, 20, 22, 40]
+    up to a length that occurs; repeated values are merged, so fewer than
+    `num_buckets` may come back. The last is `max(lengths)`.
 
     Args:
         lengths: 1-D array-like of non-negative ints.
@@ -38,6 +27,11 @@ def quantile_boundaries(lengths, num_buckets):
 
     Returns:
         A sorted list of distinct Python ints.
+
+    Example:
+
+    >>> quantile_boundaries([3, 5, 8, 9, 20, 21, 22, 40], 4)
+    [8, 20, 22, 40]
     """
     num_buckets = check_int("num_buckets", num_buckets, 1)
     lengths = np.asarray(lengths)
@@ -54,22 +48,26 @@ def quantile_boundaries(lengths, num_buckets):
 class BucketBatchSampler:
     """Groups sequence indices into batches of similar length.
 
-    Every sequence goes into the first bucket whose boundary is at least its
-    length. Within a bucket, indices are cut into batches of `batch_size` (the
-    last one smaller unless `drop_remainder`). With `shuffle`, each epoch
-    permutes the indices inside every bucket and then the order of all
-    batches across buckets, from a generator seeded with `(seed, epoch)`: the
-    same seed gives the same batches on every backend and in every process.
-    Without `shuffle`, buckets come in order of their boundary and indices
-    in their original order. Either way, the first two batches of an epoch
-    are made to differ in padded length and in size whenever the epoch has
-    batches that differ (Keras' TensorFlow data adapter infers its tensor
-    spec from the first two batches; see docs/scaling.md): the first batch
-    that differs from the first one moves up to second place.
+    Each sequence goes into the first bucket whose boundary is at least its
+    length; buckets are cut into batches of `batch_size`. Shuffling is seeded
+    by `(seed, epoch)`, the same on every backend and process. The first two
+    batches of an epoch differ in padded length and size where possible, since
+    Keras infers a `PyDataset`'s spec from them. Iterating yields one epoch and
+    advances it, as a PyTorch `DataLoader(batch_sampler=...)` expects.
 
-    Iterating over the sampler yields the current epoch's batches (lists of
-    int indices) and then advances the epoch, which is what a PyTorch
-    `DataLoader(batch_sampler=...)` expects.
+    Args:
+        lengths: 1-D array-like, the non-negative length of every sequence.
+        batch_size: Int >= 1, rows per batch.
+        boundaries: Sorted list of padded lengths, the last >= `max(lengths)`.
+            Defaults to `None` (`quantile_boundaries(lengths, num_buckets)`).
+        num_buckets: Int >= 1, used without `boundaries`. Defaults to `4`.
+        shuffle: Bool, shuffle within and across buckets. Defaults to `True`.
+        seed: Int, the shuffling seed. Defaults to `None` (drawn once).
+        drop_remainder: Bool, drop each bucket's last incomplete batch (the
+            last bucket's only, with `carry_remainder`). Defaults to `False`.
+        carry_remainder: Bool, move each bucket's last incomplete batch on to
+            the next bucket, so all batches but the last are full. Defaults to
+            `False`.
 
     Example:
 
@@ -77,30 +75,6 @@ class BucketBatchSampler:
     ...                              boundaries=[4, 9], shuffle=False)
     >>> sampler.batches()
     [[4], [1, 3], [0, 2]]
-    >>> [sampler.boundary_of(b) for b in sampler.batches()]
-    [4, 9, 4]
-
-    Args:
-        lengths: 1-D array-like of the non-negative int length of every
-            sequence.
-        batch_size: Int >= 1, rows per batch.
-        boundaries: Sorted list of ints, the padded length of each bucket,
-            or `None` (default) for `quantile_boundaries(lengths,
-            num_buckets)`. The last one must be at least `max(lengths)`.
-        num_buckets: Int >= 1, the number of quantile buckets when
-            `boundaries` is `None`. Defaults to `4`.
-        shuffle: Bool, shuffle within and across buckets each epoch.
-            Defaults to `True`.
-        seed: Int or `None` (default: a random seed drawn once), the seed of
-            the shuffling.
-        drop_remainder: Bool, drop each bucket's last batch when it has fewer
-            than `batch_size` rows (with `carry_remainder`: the last bucket's
-            only). Defaults to `False`.
-        carry_remainder: Bool. If `True`, the rows that would make a
-            bucket's last, incomplete batch move on to the next bucket (and
-            are padded to its boundary), so that every batch is full except
-            at most the last bucket's (a small batch costs almost as much
-            per step as a full one on a CPU). Defaults to `False`.
     """
 
     def __init__(
@@ -177,8 +151,7 @@ class BucketBatchSampler:
         return self._num_batches
 
     def padded_length(self, length):
-        """The boundary a sequence of `length` steps is padded to: the
-        smallest boundary >= `length`."""
+        """The smallest boundary >= `length`."""
         if length > self.boundaries[-1]:
             raise ValueError(
                 f"length {length} is longer than the last boundary "
@@ -193,18 +166,12 @@ class BucketBatchSampler:
         )
 
     def batches(self, epoch=None, shuffle=None, drop_remainder=None):
-        """The batches of one epoch, as lists of int indices.
+        """The batches of one epoch, as lists of indices into `lengths`.
 
         Args:
-            epoch: Int or `None` (default: the current `epoch`); seeds the
-                shuffling together with `seed`.
-            shuffle: Bool or `None` (default: the sampler's `shuffle`).
-            drop_remainder: Bool or `None` (default: the sampler's
-                `drop_remainder`).
-
-        Returns:
-            A list of lists of indices into `lengths` (`len(self)` of them
-            with the sampler's own `drop_remainder`).
+            epoch: Int, seeds the shuffling. Defaults to the current `epoch`.
+            shuffle: Bool. Defaults to the sampler's.
+            drop_remainder: Bool. Defaults to the sampler's.
         """
         epoch = self.epoch if epoch is None else epoch
         shuffle = self.shuffle if shuffle is None else shuffle
@@ -232,10 +199,7 @@ class BucketBatchSampler:
         return out
 
     def _distinct_first_two(self, out):
-        """Makes the first two batches differ in padded length and in size
-        (as far as the epoch's batches differ at all), in place: the first
-        batch stays and the first batch that differs from it moves up to
-        second place; if none does, the first such pair moves to the front."""
+        """Moves a batch that differs from the first one up to second place."""
         keys = [(self.boundary_of(b), len(b)) for b in out]
         many_t = len({k[0] for k in keys}) > 1
         many_n = len({k[1] for k in keys}) > 1
@@ -288,21 +252,35 @@ def _as_sequences(name, values):
 class BucketedDataset(keras.utils.PyDataset):
     """A `keras.utils.PyDataset` of length-bucketed, per-batch padded batches.
 
-    Sequences are grouped by `BucketBatchSampler`; each batch is padded (with
-    `maskedrnn.datasets.pad_batch`) only to its bucket's boundary, so a batch
-    of short sequences runs few RNN steps. A model built on
-    `maskedrnn.MaskedBidirectional` (with a mask or `lengths`) gives the same
-    results on a batch whatever its padded length, so bucketing changes the
-    cost of training, not its result. The padded lengths are the
-    `boundaries`: on JAX a fit compiles its train step once per distinct
-    `(batch size, boundary)` shape; on TensorFlow the dataset's spec has a
-    free time axis and the step is traced once (docs/scaling.md).
+    Batches from `BucketBatchSampler`, each padded by `pad_batch` only to its
+    bucket's boundary. A masked model's results do not depend on a batch's
+    padded length, so bucketing changes the cost of training, not its result.
 
-    Labels are either one per sequence (a NumPy array of shape
-    `(num_sequences, ...)`) or one per step (a list of arrays whose first
-    axis has each sequence's length); per-step labels are padded with
-    `label_pad_value`, the `pad_value` of `maskedrnn.MaskedLoss` and
-    `maskedrnn.MaskedAccuracy`.
+    Args:
+        x: List of unpadded arrays `(time, *features)`, one per sequence.
+        y: `None`, an array of per-sequence labels `(len(x), ...)`, or a list
+            of per-step label arrays `(len(x[i]), ...)`. Defaults to `None`.
+        batch_size: Int >= 1. Defaults to `32`.
+        boundaries: Sorted list of padded lengths. Defaults to `None`
+            (`num_buckets` quantiles).
+        num_buckets: Int >= 1. Defaults to `4`.
+        padding: `"post"` or `"pre"`. Defaults to `"post"`.
+        value: Scalar written into padded input steps. Defaults to `0`.
+        label_pad_value: Scalar written into padded per-step labels (the
+            `pad_value` of `MaskedLoss`). Defaults to `-1`.
+        return_lengths: Bool; inputs are `(padded, lengths)`. Defaults to
+            `False`.
+        shuffle: Bool. Defaults to `True`.
+        seed: Int, the shuffling seed. Defaults to `None` (random).
+        drop_remainder: Bool, as in `BucketBatchSampler`. Defaults to `False`.
+        carry_remainder: Bool, as in `BucketBatchSampler`. Defaults to `False`.
+        dtype: NumPy dtype of the padded inputs. Defaults to that of `x[0]`.
+        **kwargs: `keras.utils.PyDataset` arguments (`workers`, ...).
+
+    Call arguments:
+        `ds[i]` is batch `i`, `(inputs, labels)` or `(inputs,)`: inputs
+        `(batch, boundary, *features)`, labels `(batch, ...)` or
+        `(batch, boundary, ...)`.
 
     Example:
 
@@ -311,47 +289,6 @@ class BucketedDataset(keras.utils.PyDataset):
     ...                      shuffle=False)
     >>> [batch[0].shape for batch in ds]
     [(2, 5, 3), (2, 9, 3)]
-
-    Args:
-        x: List of arrays, one per sequence, each of shape `(time, *features)`
-            (token ids of shape `(time,)`, or feature vectors), unpadded.
-        y: `None` (default; inputs only, e.g. for `predict`), a NumPy array
-            of per-sequence labels of shape `(len(x), ...)`, or a list of
-            per-step label arrays of shape `(len(x[i]), ...)`.
-        batch_size: Int >= 1. Defaults to `32`.
-        boundaries: Sorted list of padded lengths, or `None` (default) for
-            `num_buckets` quantiles of the lengths.
-        num_buckets: Int >= 1, used when `boundaries` is `None`. Defaults to
-            `4`.
-        padding: `"post"` (default) pads after each sequence, `"pre"` before
-            it (`keras.utils.pad_sequences`' default).
-        value: Scalar written into padded input steps. Defaults to `0` (the
-            id that `Embedding(mask_zero=True)` masks and the value
-            `keras.layers.Masking()` masks).
-        label_pad_value: Scalar written into padded per-step labels.
-            Defaults to `-1`.
-        return_lengths: Bool. If `True`, the inputs of a batch are the tuple
-            `(padded, lengths)` (int32 lengths, for a model with a `lengths`
-            input); if `False` (default), just `padded`.
-        shuffle: Bool, seeded shuffling within and across buckets, a new
-            order each epoch. Defaults to `True`.
-        seed: Int or `None` (default: random), the shuffling seed.
-        drop_remainder: Bool, drop each bucket's last incomplete batch.
-            Defaults to `False`.
-        carry_remainder: Bool, move each bucket's last incomplete batch on
-            to the next bucket, so that all batches but the last are full
-            (see `BucketBatchSampler`). Defaults to `False`.
-        dtype: NumPy dtype of the padded inputs, or `None` (default) for the
-            dtype of `x[0]`.
-        **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
-            `keras.utils.PyDataset`.
-
-    Call arguments:
-        `ds[i]` returns batch `i` of the current epoch: `(inputs, labels)`,
-        or `(inputs,)` when `y` is `None`, where `inputs` has shape
-        `(batch, boundary, *features)` (and comes with the lengths when
-        `return_lengths`), per-sequence labels have shape `(batch, ...)` and
-        per-step labels `(batch, boundary, ...)`.
     """
 
     def __init__(
@@ -434,17 +371,11 @@ class BucketedDataset(keras.utils.PyDataset):
 
     @property
     def batch_indices(self):
-        """The current epoch's batches, as lists of indices into `x`: the
-        row order of `model.predict(dataset)`'s concatenated results."""
+        """The current epoch's batches as indices into `x`, in `predict`'s row order."""
         return [list(b) for b in self._batches]
 
     def make_batch(self, indices):
-        """Pads the sequences `indices` to their bucket's boundary.
-
-        Returns:
-            `(inputs, labels)`, or `(inputs,)` when there are no labels; see
-            the class' call arguments.
-        """
+        """Pads the sequences `indices` to their bucket's boundary, as `ds[i]`."""
         boundary = self.sampler.boundary_of(indices)
         padded, lengths = pad_batch(
             [self.x[i] for i in indices],
@@ -482,23 +413,10 @@ class BucketedDataset(keras.utils.PyDataset):
             self._batches = self.sampler.batches()
 
     def to_tf_dataset(self):
-        """This dataset as a `tf.data.Dataset` (needs TensorFlow installed;
-        `fit` takes it on every backend).
+        """This dataset as a `tf.data.Dataset`, for `fit` on every backend.
 
-        Each iteration yields one epoch's batches in order and then advances
-        the epoch (as `on_epoch_end`). The difference from passing the
-        `BucketedDataset` itself is the tensor spec: Keras gives a
-        `PyDataset` a free batch axis, while here the batch axis is
-        `batch_size` whenever every batch of an epoch is full (e.g. with
-        `carry_remainder=True` and `drop_remainder=True`, or a number of
-        sequences that `batch_size` divides). On TensorFlow a train step
-        traced for a known batch size runs faster (docs/scaling.md, "Where
-        TensorFlow's time goes"). Time axes are free (`None`) when there is
-        more than one boundary.
-
-        Returns:
-            A `tf.data.Dataset` of the same `(inputs, labels)` or
-            `(inputs,)` structures as `ds[i]`.
+        Its batch axis is static when every batch is full, which TensorFlow runs
+        faster. Needs TensorFlow.
         """
         import tensorflow as tf
 
@@ -529,32 +447,22 @@ class BucketedDataset(keras.utils.PyDataset):
             self.on_epoch_end()
 
         dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
-        # A known number of batches: `fit` knows where an epoch ends.
+        # So that `fit` knows where an epoch ends.
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(self)))
         return dataset.prefetch(tf.data.AUTOTUNE)
 
     def predict(self, model, per_step=None, pad_to_max=False):
-        """Runs `model` on every sequence, bucket by bucket, and returns the
-        predictions in the order of `x`.
-
-        All sequences are predicted (no shuffling, no dropped remainder), one
-        `model.predict_on_batch` per batch.
+        """Runs `model` on every sequence, bucket by bucket, in the order of `x`.
 
         Args:
             model: A Keras model taking this dataset's inputs.
-            per_step: Bool or `None` (default). Whether the model's outputs
-                have a time axis (axis 1, the padded length). `None` decides
-                per output: it has one when its axis 1 equals the padded
-                length of every batch.
-            pad_to_max: Bool. For per-step outputs: `False` (default)
-                returns a list with one array per sequence holding its valid
-                steps only; `True` returns one array re-padded (zeros, same
-                `padding` side) to the last boundary.
+            per_step: Bool, whether outputs have a time axis. Defaults to `None`
+                (whether axis 1 is every batch's padded length).
+            pad_to_max: Bool; per-step outputs as one array padded to the last
+                boundary instead of a list of valid steps. Defaults to `False`.
 
         Returns:
-            The model's output structure (an array, or a list/dict of them)
-            with per-sequence outputs of shape `(len(x), ...)` in the order of
-            `x`, and per-step outputs as described under `pad_to_max`.
+            The model's output structure, rows in the order of `x`.
         """
         batches = self.sampler.batches(shuffle=False, drop_remainder=False)
         results = []

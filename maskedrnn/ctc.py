@@ -1,19 +1,8 @@
 """CTC on masked outputs: a loss and a decoder that read each row's valid frames.
 
-`keras.losses.CTC` in Keras 3.15.1 cannot train a masked model: `fit` fails
-when `y_pred` carries a Keras mask (Keras multiplies the per-sequence loss by
-the `(batch, time)` mask, keras-team/keras#23228), and without the mask every
-row's logit length is the full padded length, so padded frames are scored as
-speech. Here the valid frames of each row (wherever the mask puts them: right
-padding, left padding, holes) are gathered to the front in order, and their
-count is the row's logit length, as `input_lengths` is in
-`torch.nn.functional.ctc_loss`.
-
-* `MaskedCTC`: the loss (a registered `keras.losses.Loss`).
-* `masked_ctc`: the per-row values as a function, for custom loops.
-* `ctc_decode`: `keras.ops.ctc_decode` on the valid frames.
-* `ctc_ids_to_text`: decoded (or label) ids to lists of ids or strings.
-* `character_error_rate`: edit distance over reference length.
+Each row's valid frames (any mask pattern) are gathered to the front, in
+order, and their count is the row's logit length, as `input_lengths` in
+`torch.nn.functional.ctc_loss`. See `docs/ctc.md`.
 """
 
 import keras
@@ -42,7 +31,7 @@ def _check_logits(y_pred, what="y_pred"):
 
 
 def _check_mask(mask, y_pred):
-    """Validates a `(batch, time)` mask against `y_pred`, returns it as bool."""
+    """Validates a `(batch, time)` mask against `y_pred`; returns it as bool."""
     mask = ops.convert_to_tensor(mask)
     if len(mask.shape) != 2:
         raise ValueError(
@@ -58,8 +47,8 @@ def _check_mask(mask, y_pred):
 def _compact(y_pred, mask):
     """Valid frames first, in order, zeros after them; and their counts.
 
-    The padded frames are replaced by zeros (not only moved), so that NaN or
-    Inf there can reach neither the loss nor its gradient.
+    Padded frames are zeroed, not only moved, so NaN or Inf there reach
+    neither the loss nor its gradient.
     """
     order, _, counts = mops.valid_first_order(mask)
     compact = mops.gather_time(y_pred, order)
@@ -69,12 +58,10 @@ def _compact(y_pred, mask):
 
 
 def _labels(y_true, y_pred):
-    """Checks the labels; returns `(labels, label_lengths, bad_rows)`.
+    """Returns `(labels, label_lengths, bad_rows)`, non-zero ids first in each row.
 
-    `labels` are int32 with the non-zero ids moved to the front of each row
-    (in order) and zeros after them. Rows holding an id outside
-    `[0, classes)` raise a `ValueError` when the values are concrete; in
-    compiled code they are flagged in `bad_rows` and their ids set to 0.
+    Ids outside `[0, classes)` raise when the values are concrete; in compiled
+    code their rows are flagged in `bad_rows` and the ids set to 0.
     """
     y_true = ops.convert_to_tensor(y_true)
     if len(y_true.shape) != 2:
@@ -116,8 +103,7 @@ def _labels(y_true, y_pred):
 
 
 def _min_frames(labels, label_lengths):
-    """Fewest frames that can emit each row: one per label plus one blank
-    between each pair of equal neighbours."""
+    """Fewest frames that can emit each row: a blank between equal neighbours."""
     if static_dim(labels.shape[1]) == 0:
         return label_lengths
     same = ops.logical_and(
@@ -131,39 +117,26 @@ def masked_ctc(
 ):
     """Per-row CTC loss over each row's valid frames, for custom loops.
 
-    The values `MaskedCTC(reduction="none")` gives, with the valid frames
-    given explicitly (a model called in a custom loop may return no Keras
-    mask): `mask`, else `lengths`, else the Keras mask attached to `y_pred`,
-    else every frame.
+    `MaskedCTC(reduction="none")`'s values, with the valid frames from `mask`,
+    else `lengths`, else the Keras mask of `y_pred`, else all frames.
 
     Args:
-        y_true: Integer labels of shape `(batch, max_label_length)`, padded
-            with 0 (the blank). Zeros between labels are skipped.
-        y_pred: Logits of shape `(batch, time, classes)`, not softmaxed;
-            class 0 is the blank.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True
-            at valid frames (any pattern). Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)`: rows are
-            right-padded and row `i` has `lengths[i]` valid frames. Do not
-            pass both `mask` and `lengths`. Values outside `[0, time]` raise
-            a `ValueError` in eager code and are clipped in compiled code.
-            Defaults to `None`.
-        zero_infinity: Bool, whether infeasible rows give 0 instead of
-            `inf`. Defaults to `False`.
-        dtype: Dtype of the computation. Defaults to `None`
-            (`keras.backend.floatx()`).
+        y_true: Integer labels `(batch, max_label_length)`, padded with 0.
+        y_pred: Logits `(batch, time, classes)`; class 0 is the blank.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid frames.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
+        zero_infinity: Bool; infeasible rows give 0 instead of `inf`. Defaults
+            to `False`.
+        dtype: Dtype of the computation. Defaults to `keras.backend.floatx()`.
 
     Returns:
-        A `(batch,)` tensor of negative log-likelihoods: `inf` (or 0 with
-        `zero_infinity`) for rows whose labels need more frames than the row
-        has, NaN for rows with a label id outside `[0, classes)` in compiled
-        code (eager code raises a `ValueError` instead).
+        A `(batch,)` tensor of negative log-likelihoods; padded frames
+        contribute nothing (see `MaskedCTC` for `inf` and NaN rows).
 
     Example:
 
-    Uniform logits over (blank, 1, 2) and the labels `1 2` in a row's 3
-    valid frames: 5 of the 27 paths spell `1 2`, so the loss is
-    `-log(5 / 27)` (the 4th, padded frame does not count).
+    Uniform logits over (blank, 1, 2) and the labels `1 2` in 3 valid frames:
+    5 of the 27 paths spell `1 2`, so the loss is `-log(5 / 27)`.
 
     >>> logits = np.zeros((1, 4, 3), "float32")  # (batch, time, classes)
     >>> y_true = np.array([[1, 2]])
@@ -190,10 +163,8 @@ def masked_ctc(
     else:
         counts = ops.full((ops.shape(y_pred)[0],), ops.shape(y_pred)[1], "int32")
     infeasible = counts < _min_frames(labels, label_lengths)
-    # Infeasible rows are computed with an empty label (a finite value whose
-    # gradient the select below stops), so that no backend's inf, NaN or
-    # large-finite stand-in (JAX's log-epsilon) reaches the result or the
-    # gradient.
+    # Infeasible rows get an empty label, so that no backend's inf or NaN
+    # stand-in reaches the result or the gradient.
     skip = ops.logical_or(infeasible, bad_rows)
     safe_labels = ops.where(ops.expand_dims(skip, 1), ops.zeros_like(labels), labels)
     safe_lengths = ops.where(skip, ops.zeros_like(label_lengths), label_lengths)
@@ -208,65 +179,36 @@ def masked_ctc(
 class MaskedCTC(keras.losses.Loss):
     """CTC loss over each row's valid frames, with the mask of `y_pred`.
 
-    The conventions of `keras.losses.CTC`: `y_true` holds integer labels
-    padded with 0, `y_pred` holds logits (not softmaxed) and class 0 is the
-    blank. When `y_pred` carries a Keras mask (from `Masking`,
-    `Embedding(mask_zero=True)` or a `MaskedBidirectional` that was fed one),
-    each row's valid frames are gathered to the front, in order, and the
-    row's loss is the CTC negative log-likelihood of its labels over those
-    frames only: the number of valid frames is the row's logit length, as
-    `input_lengths` in `torch.nn.functional.ctc_loss`. Any mask pattern works
-    (right padding, left padding as `pad_sequences` makes it, holes). Without
-    a mask every frame counts and the value equals `keras.losses.CTC()`
-    (for every row that has a path; see below).
-
-    Keras 3.15.1's own `keras.losses.CTC` fails in `fit` on a masked output
-    (it multiplies the per-row loss by the `(batch, time)` mask,
-    keras-team/keras#23228) and, with the mask dropped, scores the padded
-    frames as speech.
-
-    Rows whose labels need more frames than they have (one per label plus a
-    blank between equal neighbours) give `inf` on every backend, as in
-    PyTorch (Keras 3.15.1's CTC gives a large finite number there on
-    TensorFlow and JAX); `zero_infinity=True` gives
-    0. Either way such rows pass no gradient. A label id outside
-    `[0, classes)` raises a `ValueError` when the values can be read (eager
-    TensorFlow, PyTorch, JAX outside `jit`); in compiled code (`fit` in a
-    `tf.function`, XLA, `jax.jit`, `torch.compile`) the row's loss is NaN,
-    which `fit` reports and `keras.callbacks.TerminateOnNaN` stops on, and
-    the row passes no gradient.
+    `keras.losses.CTC`'s conventions (labels padded with 0, logits, blank 0),
+    but with a Keras mask on `y_pred` each row reads only its valid frames, in
+    order, whatever the pattern; without one it equals `keras.losses.CTC()`.
+    Rows whose labels need more frames than they have give `inf` (or 0) and no
+    gradient; a label id outside `[0, classes)` raises in eager code and gives
+    NaN in compiled code (see `docs/ctc.md`).
 
     Args:
-        zero_infinity: Bool, whether infeasible rows give 0 instead of
-            `inf` (as `torch.nn.CTCLoss(zero_infinity=True)`). Defaults to
-            `False`.
-        reduction: Type of reduction, as in `keras.losses.Loss`: `"sum"`,
-            `"sum_over_batch_size"` (the mean over rows), `"mean"`,
-            `"mean_with_sample_weight"`, `"none"` or `None` (one value per
-            row). Defaults to `"sum_over_batch_size"`.
+        zero_infinity: Bool; infeasible rows give 0 instead of `inf`. Defaults
+            to `False`.
+        reduction: Type of reduction, as in `keras.losses.Loss`. Defaults to
+            `"sum_over_batch_size"`.
         name: Name of the loss instance. Defaults to `"masked_ctc"`.
-        dtype: Dtype of the loss computation, as in `keras.losses.Loss`.
-            Defaults to `None` (`keras.backend.floatx()`).
+        dtype: Dtype of the loss computation. Defaults to `None`.
 
     Call arguments:
-        y_true: Integer labels of shape `(batch, max_label_length)`, padded
-            with 0. Zeros between labels are skipped.
-        y_pred: Logits of shape `(batch, time, classes)`, possibly carrying a
-            `(batch, time)` Keras mask.
-        sample_weight: Optional per-row weights of shape `(batch,)`.
+        y_true: Integer labels `(batch, max_label_length)`, padded with 0.
+        y_pred: Logits `(batch, time, classes)`, possibly with a Keras mask.
+        sample_weight: Optional per-row weights `(batch,)`.
 
     Returns:
-        A scalar, or one value per row `(batch,)` for `reduction="none"`.
+        A scalar, or `(batch,)` values for `reduction="none"`.
 
     Example:
 
     ```python
     inputs = keras.Input((None, 20))
-    x = keras.layers.Masking()(inputs)
     x = maskedrnn.MaskedBidirectional(
-        keras.layers.GRU(64, return_sequences=True))(x)
-    logits = keras.layers.Dense(num_labels + 1)(x)  # + 1: the blank, id 0
-    model = keras.Model(inputs, logits)
+        keras.layers.GRU(64, return_sequences=True))(keras.layers.Masking()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(num_labels + 1)(x))
     model.compile(optimizer="adam", loss=maskedrnn.MaskedCTC())
     ```
     """
@@ -355,38 +297,21 @@ def ctc_decode(
 ):
     """Decodes CTC logits over each row's valid frames.
 
-    Returns exactly what `keras.ops.ctc_decode` returns for the valid-first
-    logits (each row's valid frames gathered to the front, in order) with
-    `sequence_lengths` = the number of valid frames, blank 0. Which frames
-    are valid: `mask` if given, else `lengths` (right padding), else the
-    Keras mask attached to `y_pred` (eager outputs of a masked model carry
-    one), else all of them.
+    `keras.ops.ctc_decode` on the valid-first logits, blank 0, with valid
+    frames from `mask`, else `lengths`, else the Keras mask of `y_pred`.
 
     Args:
-        y_pred: Logits (or log-probabilities) of shape
-            `(batch, time, classes)`; class 0 is the blank.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
-            valid frames (any pattern). Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)`: rows are
-            right-padded and row `i` has `lengths[i]` valid frames. Do not
-            pass both `mask` and `lengths`. Values outside `[0, time]` raise
-            a `ValueError` in eager code and are clipped in compiled code.
-            Defaults to `None`.
-        strategy: `"greedy"` or `"beam_search"`, as in
-            `keras.ops.ctc_decode`. Defaults to `"greedy"`.
-        beam_width: Int, the beam width of `"beam_search"`. Defaults to
-            `100`.
-        top_paths: Int, how many paths `"beam_search"` returns. Defaults to
-            `1`.
-        merge_repeated: Bool, whether repeated labels are merged. Defaults
-            to `True`.
+        y_pred: Logits (or log-probabilities) `(batch, time, classes)`.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid frames.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
+        strategy: `"greedy"` or `"beam_search"`. Defaults to `"greedy"`.
+        beam_width: Int, for `"beam_search"`. Defaults to `100`.
+        top_paths: Int, for `"beam_search"`. Defaults to `1`.
+        merge_repeated: Bool. Defaults to `True`.
 
     Returns:
-        A tuple `(decoded, scores)` as `keras.ops.ctc_decode` returns it:
-        `decoded` of shape `(top_paths, batch, time)` with label ids, padded
-        with `-1` (`top_paths` is 1 for greedy), and `scores` of shape
-        `(batch, top_paths)`. Turn `decoded` into strings with
-        `ctc_ids_to_text`.
+        A tuple `(decoded, scores)`: label ids `(top_paths, batch, time)`
+        padded with `-1`, and scores `(batch, top_paths)`.
 
     Example:
 
@@ -396,8 +321,6 @@ def ctc_decode(
     ...           [.1, .8, .1]]]
     >>> logits = np.log(np.array(probs, "float32"))  # (batch, time, classes)
     >>> decoded, _ = ctc_decode(logits, mask=[[1, 1, 1, 1, 0]])
-    >>> decoded[0]
-    [[1, 2, -1, -1, -1]]
     >>> ctc_ids_to_text(decoded[0], vocabulary="-ab")  # index 0: the blank
     ['ab']
     >>> ctc_ids_to_text(ctc_decode(logits)[0][0], vocabulary="-ab")  # no mask
@@ -446,28 +369,17 @@ def _vocabulary_list(vocabulary):
 
 
 def ctc_ids_to_text(ids, vocabulary=None, separator=""):
-    """Turns padded label ids into lists of ids or strings.
-
-    Drops the `-1` padding of `ctc_decode`'s output and the 0 of the blank
-    (which also pads `y_true`), so the same call turns decoded paths and
-    reference labels into comparable strings.
+    """Turns padded label ids into lists of ids or strings, dropping -1 and 0.
 
     Args:
-        ids: Integer array or tensor of shape `(batch, length)` (e.g.
-            `decoded[0]` from `ctc_decode`, or `y_true`), or
-            `(top_paths, batch, length)`.
-        vocabulary: `None` (return lists of ids), a list of tokens indexed
-            by id (index 0 is the blank), a string of characters indexed the
-            same way, a dict `{id: token}`, or a `keras.layers.StringLookup`
-            (its `get_vocabulary()`: with the default single OOV token at
-            index 0, that index is the blank, as in keras-io's CTC
-            examples). Defaults to `None`.
-        separator: String placed between tokens. Defaults to `""`
-            (characters); use `" "` for words.
+        ids: Integer array `(batch, length)` or `(top_paths, batch, length)`.
+        vocabulary: `None` (ids), a list or string of tokens indexed by id, a
+            dict `{id: token}`, or a `keras.layers.StringLookup`. Defaults to
+            `None`.
+        separator: String between tokens. Defaults to `""`.
 
     Returns:
-        A list with one entry per row (a list of ints, or a string with a
-        vocabulary), or a list of such lists for rank-3 `ids`.
+        One entry per row (a list of ints, or a string), nested for rank 3.
 
     Example:
 
@@ -524,9 +436,7 @@ def character_error_rate(references, hypotheses):
         hypotheses: List of the decoded sequences, one per reference.
 
     Returns:
-        A float: the Levenshtein distances (insertions, deletions and
-        substitutions, each costing 1) summed over the rows, divided by the
-        summed reference lengths.
+        A float: summed Levenshtein distances over summed reference lengths.
 
     Example:
 

@@ -1,10 +1,7 @@
 """Small data sets and padding helpers, NumPy only (they feed any backend).
 
-`parse_ts` reads the sktime/aeon `.ts` format; `load_japanese_vowels` loads
-UCI Japanese Vowels, bundled in `maskedrnn/data/` (licence there; nothing is
-downloaded); `pad_batch` pads `(time, features)` arrays into a batch and
-returns the lengths; `make_distance_to_end_task` (labels only a backward
-RNN can know) and `make_spoken_digits_task` (a small CTC task) are synthetic.
+UCI Japanese Vowels is bundled in `maskedrnn/data/` (licence there; nothing
+is downloaded); the other tasks are synthetic.
 """
 
 import importlib.resources
@@ -44,7 +41,7 @@ def _parse_bool(word, tag, lineno):
 
 
 def _parse_header(line, lineno, meta):
-    """Parses one `@tag value...` line into `meta` (keys are documented)."""
+    """Parses one `@tag value...` line into `meta`."""
     words = line.split()
     tag = words[0][1:].lower()
     args = words[1:]
@@ -133,46 +130,27 @@ def _parse_values(text, lineno, dim):
 def parse_ts(path_or_text):
     """Parses a time-series file in the sktime/aeon `.ts` format.
 
-    The format is a header of `@tag value` lines ending with `@data`, then one
-    case per line: the dimensions are separated by `:`, the values of one
-    dimension by `,`, and the class label (when `@classLabel true ...`) or the
-    regression target (when `@targetLabel true`) comes last. Cases may have
-    different lengths (`@equalLength false`), but within one case every
-    dimension must have the same length. `?` (missing) reads as NaN; blank
-    lines and `#` lines are ignored; tags are case-insensitive; timestamped
-    data (`@timeStamps true`) is not supported.
+    Cases may differ in length; `?` reads as NaN; timestamped data is not
+    supported.
+
+    Args:
+        path_or_text: A path to a `.ts` file, or its text (with a newline).
+
+    Returns:
+        A tuple `(series, labels, metadata)`: one float32 array `(time, dims)`
+        per case; the class (str) or target (float32) labels `(cases,)`, or
+        `None`; and a dict of the header tags present.
+
+    Raises:
+        ValueError: On malformed input; the message names the line number.
 
     Example:
 
     >>> series, labels, meta = parse_ts(
     ...     "@problemName toy\\n@univariate false\\n@dimensions 2\\n"
     ...     "@classLabel true a b\\n@data\\n1,2,3:4,5,?:a\\n6:7:b\\n")
-    >>> [s.shape for s in series]
-    [(3, 2), (1, 2)]
-    >>> series[0][:, 1]
-    array([ 4.,  5., nan], dtype=float32)
-    >>> labels
-    array(['a', 'b'], dtype='<U1')
-
-    Args:
-        path_or_text: A path (`str` or `os.PathLike`) to a `.ts` file, or
-            its contents (a `str` with a newline; other `str`s are paths).
-
-    Returns:
-        A tuple `(series, labels, metadata)`:
-        - `series`: list with one float32 array of shape `(time, dims)` per
-          case, in file order.
-        - `labels`: for `@classLabel true`, a str array of shape `(cases,)`;
-          for `@targetLabel true`, a float32 array of shape `(cases,)`;
-          otherwise `None`.
-        - `metadata`: dict of the header: `problem_name` (str), `timestamps`,
-          `missing`, `univariate`, `equal_length`, `class_label`,
-          `target_label` (bools), `dimensions`, `series_length` (ints),
-          `class_labels` (list of str, in declared order); only keys whose
-          tag is present (`class_labels` with `class_label`).
-
-    Raises:
-        ValueError: on malformed input; the message names the line number.
+    >>> [s.shape for s in series], labels
+    ([(3, 2), (1, 2)], array(['a', 'b'], dtype='<U1'))
     """
     if isinstance(path_or_text, os.PathLike) or (
         isinstance(path_or_text, str) and "\n" not in path_or_text
@@ -322,33 +300,24 @@ _JAPANESE_VOWELS_FILES = {
 def load_japanese_vowels(split="train"):
     """Loads the UCI Japanese Vowels data set shipped with `maskedrnn`.
 
-    Nine male speakers each uttered the Japanese vowels /ae/; every utterance
-    is a sequence of 7 to 29 frames of 12 LPC cepstrum coefficients, and the
-    task is to recognise the speaker. The training split has 270 utterances
-    (30 per speaker); the test split has 370 (24 to 88 per speaker). Source:
-    Kudo, Toyama and Shimbo (1999), UCI Machine Learning Repository
-    (CC BY 4.0, https://doi.org/10.24432/C5NS47); the files are those of the
-    aeon project's distribution, see `maskedrnn/data/JapaneseVowels_LICENSE.md`.
+    Nine speakers' utterances of /ae/, 7 to 29 frames of 12 LPC cepstrum
+    coefficients; the task is to recognise the speaker. Source: Kudo, Toyama
+    and Shimbo (1999), UCI ML Repository (CC BY 4.0,
+    https://doi.org/10.24432/C5NS47); see `maskedrnn/data/`.
 
-    The files are read from the installed package (`importlib.resources`), so
-    this works offline and from a wheel.
+    Args:
+        split: `"train"` (270 utterances) or `"test"` (370). Defaults to
+            `"train"`.
+
+    Returns:
+        A tuple `(sequences, labels)`: float32 arrays `(time, 12)`, and int32
+        speaker indices 0..8 `(cases,)`.
 
     Example:
 
     >>> x, y = load_japanese_vowels("train")
     >>> len(x), x[0].shape, y[:3]
     (270, (20, 12), array([0, 0, 0], dtype=int32))
-    >>> padded, lengths = pad_batch(x)
-    >>> padded.shape
-    (270, 26, 12)
-
-    Args:
-        split: `"train"` or `"test"`. Defaults to `"train"`.
-
-    Returns:
-        A tuple `(sequences, labels)`: a list of float32 arrays of shape
-        `(time, 12)`, and an int32 array of shape `(cases,)` holding the
-        speaker index 0..8 (speaker "1" is 0).
     """
     if split not in _JAPANESE_VOWELS_FILES:
         raise ValueError(f"split must be 'train' or 'test'; got {split!r}.")
@@ -365,34 +334,25 @@ def load_japanese_vowels(split="train"):
 def pad_batch(sequences, maxlen=None, padding="post", value=0.0, dtype="float32"):
     """Pads variable-length sequences into one array and returns their lengths.
 
-    Like `keras.utils.pad_sequences`, but every sequence may carry feature
-    axes (e.g. `(time, features)`), the lengths come back alongside, and a
-    sequence longer than `maxlen` is an error rather than silently truncated.
+    Like `keras.utils.pad_sequences`, but with feature axes, the lengths
+    returned, and an error, not truncation, past `maxlen`.
+
+    Args:
+        sequences: Non-empty sequence of arrays `(time, *features)`.
+        maxlen: Int, the padded length. Defaults to `None` (the longest).
+        padding: `"post"` or `"pre"`. Defaults to `"post"`.
+        value: Scalar written into the padded steps. Defaults to `0.0`.
+        dtype: NumPy dtype of the result. Defaults to `"float32"`.
+
+    Returns:
+        A tuple `(padded, lengths)`: `(len(sequences), maxlen, *features)` and
+        int32 `(len(sequences),)`.
 
     Example:
 
     >>> padded, lengths = pad_batch([np.ones((2, 3)), np.ones((4, 3))])
     >>> padded.shape, lengths
     ((2, 4, 3), array([2, 4], dtype=int32))
-    >>> pad_batch([[1, 2], [3]], padding="pre", dtype="int32")[0]
-    array([[1, 2],
-           [0, 3]], dtype=int32)
-
-    Args:
-        sequences: Non-empty sequence of array-likes, each of shape
-            `(time, *features)`; `features` must agree across sequences
-            (`time` may be 0).
-        maxlen: Int or `None`, the padded length. `None` (default) uses the
-            longest sequence.
-        padding: `"post"` (default) pads after each sequence, `"pre"` before
-            it.
-        value: Scalar written into the padded steps. Defaults to `0.0`.
-        dtype: NumPy dtype of the result. Defaults to `"float32"`.
-
-    Returns:
-        A tuple `(padded, lengths)`: an array of shape
-        `(len(sequences), maxlen, *features)` and dtype `dtype`, and an int32
-        array of shape `(len(sequences),)` with each sequence's length.
     """
     if padding not in ("pre", "post"):
         raise ValueError(f"padding must be 'pre' or 'post'; got {padding!r}.")
@@ -458,41 +418,24 @@ def make_distance_to_end_task(
 ):
     """Synthetic tagging task that needs the backward direction of an RNN.
 
-    Each sequence is `length` random tokens, with `length` drawn uniformly from
-    `[min_length, maxlen]`. The target of a token is its distance to the end of
-    its sequence (0 for the last token, 1 for the one before, ...), clipped to
-    `n_classes - 1`. The tokens carry no information: a forward RNN cannot
-    know, at step `t`, how far the end is, while a backward RNN (which starts
-    at the last real token when padding is handled correctly) can count it.
-    Wrong handling of padding in the backward direction shows up directly as
-    wrong targets.
-
-    Example:
-
-    >>> ids, labels, lengths = make_distance_to_end_task(2, 6, seed=0)
-    >>> ids.shape, labels.shape, lengths.shape
-    ((2, 6), (2, 6), (2,))
-    >>> # For a row of length 4 with padding="post" and n_classes=8:
-    >>> # labels[i] == [3, 2, 1, 0, -1, -1]
+    Each token's target is its distance to the end of its sequence, clipped to
+    `n_classes - 1`; tokens carry no information, so wrong padding handling in
+    the backward direction shows up directly as wrong targets.
 
     Args:
         n: Int >= 1, number of sequences.
-        maxlen: Int >= 1, padded length (and longest possible sequence).
-        vocab_size: Int >= 2. Tokens are drawn uniformly from
-            `1 .. vocab_size - 1`; 0 is the padding id. Defaults to `16`.
-        n_classes: Int >= 1, number of target classes; distances of
-            `n_classes - 1` or more share the last class. Defaults to `8`.
-        min_length: Int in `[1, maxlen]` or `None`, the shortest length.
-            `None` (default) uses `max(1, maxlen // 5)`.
-        padding: `"post"` (default) puts the tokens first and padding after;
-            `"pre"` puts padding first.
-        seed: Int or `None`, seed of `numpy.random.default_rng`; the same seed
-            gives the same data. Defaults to `None` (not reproducible).
+        maxlen: Int >= 1, padded length.
+        vocab_size: Int >= 2; tokens are `1 .. vocab_size - 1`. Defaults to
+            `16`.
+        n_classes: Int >= 1. Defaults to `8`.
+        min_length: Int in `[1, maxlen]`; lengths are uniform in
+            `[min_length, maxlen]`. Defaults to `max(1, maxlen // 5)`.
+        padding: `"post"` or `"pre"`. Defaults to `"post"`.
+        seed: Int, seed of `numpy.random.default_rng`. Defaults to `None`.
 
     Returns:
-        A tuple `(ids, labels, lengths)`: int32 `(n, maxlen)` token ids (0 at
-        padding), int32 `(n, maxlen)` targets in `0 .. n_classes - 1` (-1 at
-        padding) and int32 `(n,)` lengths.
+        A tuple `(ids, labels, lengths)`: int32 `(n, maxlen)` ids (0 at
+        padding), int32 `(n, maxlen)` targets (-1 at padding), int32 `(n,)`.
     """
 
     check_int("n", n, 1)
@@ -536,45 +479,28 @@ def make_spoken_digits_task(
 ):
     """Synthetic "speech": digit strings rendered as noisy frames, for CTC.
 
-    Each digit `0..9` has a fixed random prototype vector (drawn from
-    `seed`). A sequence of 1 to `max_digits` random digits becomes frames:
-    0-2 frames of silence, then for each digit 2-4 frames of its prototype
-    (amplitude varying per frame) and 1-2 frames of silence, all plus
-    Gaussian noise of standard deviation `noise`. So the number of frames
-    varies per digit and per sequence, repeated digits are separated by
-    silence, and the frame a digit starts at is unknown: the task needs an
-    alignment-free loss such as CTC. Padded frames are exactly zero
-    (`keras.layers.Masking()` reads them as padding); real frames never are.
+    Each digit becomes 2-4 noisy frames of its prototype, with silence between,
+    so alignment is unknown. Padded frames are exactly zero (`Masking()` masks
+    them); label ids are `digit + 1` (0 is the blank).
 
-    Label ids are `digit + 1` (0 is the CTC blank), so
-    `maskedrnn.ctc_ids_to_text(labels, vocabulary="_0123456789")` gives the
-    digit strings.
+    Args:
+        n: Int >= 1, number of sequences.
+        max_digits: Int >= 1, most digits per sequence. Defaults to `5`.
+        features: Int >= 1, features per frame. Defaults to `12`.
+        noise: Float >= 0, noise standard deviation. Defaults to `0.6`.
+        maxlen: Int, the padded number of frames. Defaults to the longest.
+        padding: `"post"` or `"pre"`. Defaults to `"post"`.
+        seed: Int, seed of `numpy.random.default_rng`. Defaults to `None`.
+
+    Returns:
+        A tuple `(x, labels, lengths)`: float32 `(n, maxlen, features)`, int32
+        `(n, max_digits)` padded with 0, and int32 `(n,)` frame counts.
 
     Example:
 
     >>> x, labels, lengths = make_spoken_digits_task(3, seed=0)
     >>> x.shape[0], labels.shape, lengths.shape
     (3, (3, 5), (3,))
-
-    Args:
-        n: Int >= 1, number of sequences.
-        max_digits: Int >= 1, the most digits in a sequence (and the width
-            of `labels`). Defaults to `5`.
-        features: Int >= 1, features per frame. Defaults to `12`.
-        noise: Float >= 0, standard deviation of the frame noise. Defaults
-            to `0.6`.
-        maxlen: Int or `None`, the padded number of frames; `None` (default)
-            uses the longest sequence. A sequence longer than `maxlen` is an
-            error.
-        padding: `"post"` (default) or `"pre"`, as in `pad_batch`.
-        seed: Int or `None`, seed of `numpy.random.default_rng`: the same
-            seed gives the same prototypes and data. Defaults to `None`.
-
-    Returns:
-        A tuple `(x, labels, lengths)`: float32 frames
-        `(n, maxlen, features)` (0 at padding), int32 labels
-        `(n, max_digits)` (digit + 1, padded with 0) and int32 frame counts
-        `(n,)`.
     """
     for name, v in (("n", n), ("max_digits", max_digits), ("features", features)):
         check_int(name, v, 1)

@@ -1,22 +1,9 @@
 """Serving helpers: LiteRT (TFLite) export with a fixed batch, and row padding.
 
-Keras exports models that use `MaskedBidirectional` to a TensorFlow
-SavedModel and to ONNX with dynamic batch and time axes, directly with
-`model.export(...)` (see `docs/export.md`). LiteRT is the exception: Keras'
-TensorFlow RNN loop stores its per-step outputs in a `TensorArray` whose
-element shape is `(batch, units)`, and the LiteRT converter can only lower
-that to built-in ops when the batch size is known. Left dynamic, it needs the
-TensorFlow "Flex" delegate, which the pip `ai-edge-litert` interpreter does
-not ship. `export_litert` therefore fixes the batch size (the time axis stays
-dynamic), and `pad_batch_rows` pads a smaller batch up to it with zero-length
-rows, which `MaskedBidirectional` handles exactly.
-
-The LiteRT converter (built-in ops) and tf2onnx have no
-`tf.raw_ops.BlockLSTMV2`, the fused LSTM kernel an LSTM runs on a TensorFlow
-CPU (`maskedrnn.backends.WAYS`, `"tf-block-lstm"`): `export_litert` traces the
-model inside `maskedrnn.backends.portable()`, where every LSTM runs Keras' own
-layer, which they convert; so does every graph Keras' exporter traces
-(`model.export`, ONNX and SavedModel alike).
+Keras exports these models to SavedModel and ONNX directly; LiteRT built-in
+ops need a known batch size for Keras' RNN loop, so `export_litert` fixes it
+and `pad_batch_rows` pads smaller batches with empty rows. See
+`docs/export.md`.
 """
 
 import keras
@@ -43,18 +30,13 @@ def _check_batch_size(batch_size):
 def static_batch_signature(model, batch_size):
     """The input signature of `model` with its batch axis fixed to `batch_size`.
 
-    Every other axis keeps its declared size (`None` stays dynamic). The
-    structure is what `model.export(..., input_signature=...)` expects.
-
     Args:
         model: A built Functional or Sequential `keras.Model`.
-        batch_size: Positive int, the batch size to fix.
+        batch_size: Positive int.
 
     Returns:
-        For a Functional model, a one-element list holding the model's input
-        structure (list, dict or single spec) of `keras.InputSpec`; for a
-        Sequential model, a list of `keras.InputSpec`. Each spec keeps the
-        input's name and dtype.
+        `model.export()`'s `input_signature`: `keras.InputSpec`s keeping the
+        inputs' names, dtypes and other axes.
 
     Example:
 
@@ -102,35 +84,21 @@ def export_litert(
 ):
     """Exports `model` to a `.tflite` file that runs on the LiteRT interpreter.
 
-    Calls `model.export(filepath, format="litert", ...)` with a fixed batch
-    size and TFLite built-in ops only, so that the file runs on the plain
-    `ai_edge_litert.interpreter.Interpreter` (which has no Flex delegate for
-    TensorFlow ops). The time axis stays dynamic: the interpreter's signature
-    runner resizes it for each call. Run batches smaller than `batch_size`
-    by padding them with `pad_batch_rows`; feed larger ones in chunks.
-
-    Conversion fails (with the converter's error) rather than silently
-    emitting TensorFlow ops that the LiteRT interpreter cannot run. The model
-    is traced inside `maskedrnn.backends.portable()`: its LSTMs run Keras'
-    layer, not TensorFlow's `BlockLSTMV2` (no LiteRT built-in op), and
-    compute the same function.
-
-    Requires the TensorFlow backend: Keras converts through a TensorFlow
-    SavedModel.
+    `model.export(filepath, format="litert")` with a fixed batch size and
+    built-in ops only, so the plain `ai_edge_litert` interpreter runs it; the
+    time axis stays dynamic. Traced in `maskedrnn.backends.portable()`, so
+    LSTMs run Keras' own layer. Needs the TensorFlow backend.
 
     Args:
-        model: A built `keras.Model`, e.g. one using `MaskedBidirectional` with
-            `Embedding(mask_zero=True)` or an explicit `lengths` input.
-        filepath: `str` or path ending in `.tflite`.
-        batch_size: Positive int, the fixed batch size of the exported model.
-            Defaults to `None`: then `input_signature` is required.
-        input_signature: Optional signature in `model.export`'s format, with
-            a fixed (int) batch size in every spec. Defaults to `None`:
-            `static_batch_signature(model, batch_size)`.
-        verbose: Passed to `model.export`. Defaults to `None` (Keras' default).
-        **converter_kwargs: Extra `tf.lite.TFLiteConverter` attributes
-            passed through `model.export` (e.g. `optimizations`). Defaults to
-            none. `target_spec` is set here and cannot be passed.
+        model: A built `keras.Model`.
+        filepath: Path ending in `.tflite`.
+        batch_size: Positive int, the fixed batch size; or pass
+            `input_signature`.
+        input_signature: Optional signature with a fixed batch size in every
+            spec. Defaults to `static_batch_signature(model, batch_size)`.
+        verbose: Passed to `model.export`. Defaults to `None`.
+        **converter_kwargs: `tf.lite.TFLiteConverter` attributes, not
+            `target_spec`.
 
     Returns:
         `filepath` as a `str`.
@@ -200,20 +168,15 @@ def export_litert(
 def pad_batch_rows(arrays, batch_size):
     """Pads every array along axis 0 with zero rows up to `batch_size` rows.
 
-    For a model exported with a fixed batch size (`export_litert`): zero rows
-    are empty sequences (length 0, or all padding ids for
-    `Embedding(mask_zero=True)`), which `MaskedBidirectional` handles exactly
-    and independently of the real rows. Discard the outputs past the first
-    `n` rows.
+    Zero rows are empty sequences, which the masked layers handle exactly and
+    independently of the real rows; discard outputs past the first `n` rows.
 
     Args:
-        arrays: List (or tuple) of arrays with the same number of rows `n`,
-            e.g. `[features, lengths]` or `[ids]`.
+        arrays: List of arrays with the same number of rows `n`.
         batch_size: Positive int, at least `n`.
 
     Returns:
-        A tuple `(padded, n)`: the list of padded numpy arrays, each with
-        `batch_size` rows and its original dtype, and `n`.
+        A tuple `(padded, n)`: the padded numpy arrays, dtypes kept, and `n`.
 
     Example:
 

@@ -1,24 +1,9 @@
 """Per-timestep losses that skip padded steps, with or without Keras masks.
 
-`MaskedLoss` wraps any per-timestep Keras loss. Its value is the one Keras 3
-computes for that loss when `y_pred` carries a Keras mask (see
-`keras.losses.Loss.__call__`), so a model whose layers do not propagate masks
-(for example one built on `maskedrnn.MaskedBidirectional` with `lengths`) can
-be trained with exactly the objective of its masked counterpart.
-
-The step mask is the logical AND of every source that is present:
-
-1. the Keras mask attached to `y_pred` (what Keras itself would use);
-2. `mask` or `lengths` given to `masked_loss`;
-3. `pad_value` in `y_true`: a step is padding where its label equals
-   `pad_value` (for `y_true` with a trailing feature axis: where all its
-   features do);
-4. a Keras mask the wrapped loss attaches to its output (as Keras does).
-
-With consistent data (padded labels exactly where the Keras mask is False) the
-AND is the Keras mask itself. Before the wrapped loss runs, `y_true` is set to
-0 at every masked step, so that e.g. sparse categorical crossentropy never
-sees a `-1` label (an error on TensorFlow and PyTorch, a NaN on GPUs).
+The step mask is the AND of the sources present: the Keras mask of
+`y_pred`, `mask`/`lengths` given to `masked_loss`, `pad_value` in `y_true`,
+and a mask the wrapped loss attaches to its output. The value is what Keras
+computes when `y_pred` carries that mask.
 """
 
 import keras
@@ -73,55 +58,33 @@ def _resolve_loss(loss):
 class MaskedLoss(keras.losses.Loss):
     """Wraps a per-timestep loss so that padded steps do not count.
 
-    The mask comes from the Keras mask attached to `y_pred` (the native Keras
-    path), from `pad_value` in `y_true` (for models whose outputs carry no
-    mask), or both (their logical AND). Without either the loss equals the
-    wrapped one. The value is exactly what Keras computes for the wrapped
-    loss when `y_pred` carries the mask; in particular the default
-    `"sum_over_batch_size"` reduction is the mean over valid steps:
-    `sum(loss * sample_weight * mask) / sum(mask)`.
-
-    The wrapped loss is evaluated unreduced (`Loss.call`); its own `reduction`
-    is ignored, `reduction` here applies. Labels at masked steps are replaced
-    by 0 before it runs, so padded labels such as `-1` never reach it.
+    Steps are masked by the Keras mask of `y_pred`, by `pad_value` in `y_true`
+    (for outputs without a mask), or both; without either the loss equals the
+    wrapped one. The value is what Keras computes when `y_pred` carries the
+    mask, e.g. `sum(loss * sample_weight * mask) / sum(mask)` by default.
+    Padded steps contribute 0, and their labels are set to 0 first, so labels
+    such as `-1` never reach the wrapped loss.
 
     Args:
-        loss: The per-timestep loss: a `keras.losses.Loss` instance (e.g.
-            `keras.losses.SparseCategoricalCrossentropy(from_logits=True)`), a
-            function `fn(y_true, y_pred)` returning one value per step, or the
-            name of a Keras loss (e.g. `"sparse_categorical_crossentropy"`).
-            It must keep the time axis: for `y_pred` of shape
-            `(batch, time, features)` it returns `(batch, time)`.
-        pad_value: Number or `None`. Steps whose label in `y_true` equals
-            `pad_value` are padding. `y_true` of the rank of `y_pred` has a
-            trailing axis and a step is padding when all its entries equal
-            `pad_value`; `y_true` with one axis less (integer labels of shape
-            `(batch, time)`) is compared entry by entry. `float("nan")`
-            matches NaN. Defaults to `None` (no padding value).
-        reduction: Type of reduction, as in `keras.losses.Loss`: `"sum"`,
-            `"sum_over_batch_size"`, `"mean"`, `"mean_with_sample_weight"`,
-            `"none"` or `None`. With a mask, `"sum_over_batch_size"` and
-            `"mean"` divide by the number of valid steps and
-            `"mean_with_sample_weight"` by the sum of valid weights. Defaults
-            to `"sum_over_batch_size"`.
-        name: Optional name of the loss instance. Defaults to `None`
-            (`"masked_loss"`).
-        dtype: Dtype of the loss computation, as in `keras.losses.Loss`.
-            Defaults to `None` (`keras.backend.floatx()`).
+        loss: A `keras.losses.Loss`, a function `fn(y_true, y_pred)` or a Keras
+            loss name, returning `(batch, time)` values; its own `reduction`
+            is ignored.
+        pad_value: Number; steps whose label equals it (all features, for a
+            feature axis) are padding. `float("nan")` matches NaN. Defaults to
+            `None`.
+        reduction: Type of reduction, as in `keras.losses.Loss`; means divide
+            by the number of valid steps. Defaults to `"sum_over_batch_size"`.
+        name: Name of the loss instance. Defaults to `"masked_loss"`.
+        dtype: Dtype of the loss computation. Defaults to `None`.
 
     Call arguments:
-        y_true: Labels of shape `(batch, time)` (integer class ids) or
-            `(batch, time, ...)`.
-        y_pred: Predictions of shape `(batch, time, ...)`, possibly carrying
-            a `(batch, time)` Keras mask.
-        sample_weight: Optional weights of shape `(batch,)` (per sequence) or
-            `(batch, time)` (per step). A `(batch,)` weight applies to every
-            step of its sequence (plain Keras 3 rejects this shape for
-            per-step losses).
+        y_true: Labels `(batch, time)` (class ids) or `(batch, time, ...)`.
+        y_pred: Predictions `(batch, time, ...)`, possibly with a Keras mask.
+        sample_weight: Optional weights `(batch,)` or `(batch, time)`.
 
     Returns:
-        A scalar, or the `(batch, time)` weighted values (0 at masked steps)
-        for `reduction="none"`.
+        A scalar, or `(batch, time)` values (0 at padded steps) for
+        `reduction="none"`.
 
     Example:
 
@@ -132,11 +95,6 @@ class MaskedLoss(keras.losses.Loss):
     >>> y_true = np.array([[1, 0, -1], [2, -1, -1]])  # -1: padding
     >>> y_pred = np.random.normal(size=(2, 3, 4))     # logits
     >>> value = loss(y_true, y_pred)  # mean over the 3 valid steps
-
-    ```python
-    model.compile(optimizer="adam", loss=MaskedLoss(
-        "sparse_categorical_crossentropy", pad_value=-1))
-    ```
     """
 
     def __init__(
@@ -181,8 +139,8 @@ class MaskedLoss(keras.losses.Loss):
                 masks.append(as_bool(out_mask))
             valid = combine_masks(masks, values, "loss value")
             if valid is not None:
-                # Same value as Keras (which multiplies by the mask), but a
-                # non-finite value at a masked step cannot leak into the sum.
+                # Keras multiplies by the mask; `where` also stops a
+                # non-finite value at a masked step.
                 values = ops.where(valid, values, ops.zeros_like(values))
             if sample_weight is not None:
                 sample_weight = expand_sample_weight(sample_weight, values, self.dtype)
@@ -223,29 +181,21 @@ def masked_loss(
 ):
     """Masked per-timestep loss as a function, for custom training loops.
 
-    Equal to `MaskedLoss(loss_fn, pad_value, reduction)(y_true, y_pred,
-    sample_weight)` with `mask` (or the mask of `lengths`) as one more mask
-    source: the step mask is the AND of `mask`/`lengths`, the Keras mask on
-    `y_pred` and `pad_value` in `y_true`, whichever are present.
+    `MaskedLoss(loss_fn, pad_value, reduction)(y_true, y_pred, sample_weight)`
+    with `mask` (or `lengths`) as one more mask source.
 
     Args:
-        loss_fn: The per-timestep loss: a `keras.losses.Loss` instance, a
-            function `fn(y_true, y_pred)` or the name of a Keras loss.
-        y_true: Labels of shape `(batch, time)` or `(batch, time, ...)`.
-        y_pred: Predictions of shape `(batch, time, ...)`.
-        mask: Optional boolean or 0/1 tensor of shape `(batch, time)`, True at
-            valid steps. Defaults to `None`.
-        lengths: Optional integer tensor of shape `(batch,)`: the sequences are
-            right-padded and row `i` has `lengths[i]` valid steps. Do not pass
-            both `mask` and `lengths`. Defaults to `None`.
-        sample_weight: Optional weights of shape `(batch,)` or
-            `(batch, time)`. Defaults to `None`.
-        pad_value: Number or `None`: steps whose label equals it are padding
-            (see `MaskedLoss`). Defaults to `None`.
+        loss_fn: The per-timestep loss, as `MaskedLoss`'s `loss`.
+        y_true: Labels `(batch, time)` or `(batch, time, ...)`.
+        y_pred: Predictions `(batch, time, ...)`.
+        mask: Optional bool or 0/1 tensor `(batch, time)`, True at valid steps.
+        lengths: Optional int tensor `(batch,)` for right-padded rows.
+        sample_weight: Optional weights `(batch,)` or `(batch, time)`.
+        pad_value: As in `MaskedLoss`. Defaults to `None`.
         reduction: As in `MaskedLoss`. Defaults to `"sum_over_batch_size"`.
 
     Returns:
-        A scalar, or `(batch, time)` values for `reduction="none"`.
+        A scalar, or `(batch, time)` values (0 at padded steps).
 
     Example:
 
@@ -255,15 +205,6 @@ def masked_loss(
     >>> loss = masked_loss("mean_squared_error", y_true, y_pred, lengths=lengths)
     >>> round(float(loss), 4)  # (1 + 4 + 9) / 3 valid steps
     4.6667
-
-    In a custom training loop, on a model without Keras masks:
-
-    ```python
-    logits = model(x)  # (batch, time, classes)
-    loss = masked_loss(
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        y_true, logits, lengths=lengths)
-    ```
     """
     if mask is not None and lengths is not None:
         raise ValueError(

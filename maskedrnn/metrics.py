@@ -1,18 +1,9 @@
 """Per-timestep metrics that skip padded steps, with or without Keras masks.
 
-Each metric accumulates `sum(value * weight)` and `sum(weight)` over every
-valid step of every batch, where `weight` is 1 at valid steps (times the
-sample weight) and 0 at masked ones, and reports their ratio. The result is
-the mean over all valid steps seen since the last `reset_state()`, not a mean
-of batch means. The mask sources are those of `maskedrnn.losses.MaskedLoss`:
-the Keras mask attached to `y_pred` and `pad_value` in `y_true` (their AND
-when both are present).
-
-When all batches have the same number of time steps this equals Keras' own
-metric (e.g. `keras.metrics.SparseCategoricalAccuracy`) given the same mask
-natively. Keras first averages each sequence over its time axis, so with
-batches of different lengths (bucketing) its value is not the mean over valid
-steps; these metrics still are.
+Each metric reports `sum(value * weight) / sum(weight)` over every valid
+step seen since `reset_state()`, with the mask sources of `MaskedLoss`.
+Unlike Keras' own metrics, which average each sequence over time first,
+this stays the mean over valid steps when batches differ in length.
 """
 
 import keras
@@ -32,8 +23,7 @@ __all__ = ["MaskedAccuracy", "MaskedMeanAbsoluteError", "MaskedMeanSquaredError"
 class _MaskedStepMean(keras.metrics.Metric):
     """Weighted mean of per-step values over the valid steps of all batches.
 
-    Subclasses define `_step_values(y_true, y_pred)`, returning one value per
-    step; masked labels in `y_true` are already 0 when it runs.
+    Subclasses define `_step_values(y_true, y_pred)`; masked labels are 0 then.
     """
 
     def __init__(self, pad_value=None, name=None, dtype=None):
@@ -47,15 +37,12 @@ class _MaskedStepMean(keras.metrics.Metric):
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        """Accumulates the valid steps of one batch.
+        """Accumulates the valid steps of one batch; padded steps add nothing.
 
         Args:
-            y_true: Labels or targets, shape `(batch, time)` or
-                `(batch, time, ...)`.
-            y_pred: Predictions, shape `(batch, time, ...)`, possibly carrying a
-                `(batch, time)` Keras mask.
-            sample_weight: Optional weights of shape `(batch,)` (per sequence)
-                or `(batch, time)` (per step). Defaults to `None`.
+            y_true: Labels or targets, `(batch, time)` or `(batch, time, ...)`.
+            y_pred: Predictions `(batch, time, ...)`, possibly with a Keras mask.
+            sample_weight: Optional weights `(batch,)` or `(batch, time)`.
         """
         native_mask = get_keras_mask(y_pred)
         y_pred = ops.convert_to_tensor(y_pred)
@@ -86,24 +73,17 @@ class _MaskedStepMean(keras.metrics.Metric):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedAccuracy(_MaskedStepMean):
-    """Sparse categorical accuracy over the valid timesteps.
-
-    The fraction of valid steps whose label equals the argmax of `y_pred`,
-    accumulated over batches as (number correct) / (number valid). Steps are
-    valid where the Keras mask of `y_pred` is True and, with `pad_value`,
-    where the label differs from `pad_value`.
+    """Sparse categorical accuracy over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: labels equal to it mark padded steps
-            (e.g. `-1`). Defaults to `None`.
+        pad_value: Number; labels equal to it mark padded steps. Defaults to
+            `None`.
         name: Name of the metric. Defaults to `"masked_accuracy"`.
-        dtype: Dtype of the result and of the accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Integer labels of shape `(batch, time)` or `(batch, time, 1)`.
-        y_pred: Scores (logits or probabilities) of shape
-            `(batch, time, classes)`.
+        y_true: Integer labels `(batch, time)` or `(batch, time, 1)`.
+        y_pred: Scores `(batch, time, classes)`, possibly with a Keras mask.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:
@@ -112,12 +92,6 @@ class MaskedAccuracy(_MaskedStepMean):
     >>> m.update_state([[1, 0, -1]], [[[0.1, 0.9], [0.2, 0.8], [0.5, 0.5]]])
     >>> float(m.result())  # 1 of 2 valid steps correct
     0.5
-
-    ```python
-    model.compile(optimizer="adam", loss=MaskedLoss(
-        "sparse_categorical_crossentropy", pad_value=-1),
-        metrics=[MaskedAccuracy(pad_value=-1)])
-    ```
     """
 
     def __init__(self, pad_value=None, name="masked_accuracy", dtype=None):
@@ -158,23 +132,18 @@ class _MaskedMeanError(_MaskedStepMean):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedMeanAbsoluteError(_MaskedMeanError):
-    """Mean absolute error over the valid timesteps.
-
-    Per step, `mean(abs(y_true - y_pred), axis=-1)` (as
-    `keras.metrics.MeanAbsoluteError`), averaged over the valid steps of all
-    batches (weighted by `sample_weight`).
+    """Mean absolute error over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: a step is padding when all its targets
-            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        pad_value: Number; a step is padding when all its targets equal it.
+            Defaults to `None`.
         name: Name of the metric. Defaults to `"masked_mean_absolute_error"`.
-        dtype: Dtype of the result and of the accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
-            when `y_pred` has shape `(batch, time, 1)`.
-        y_pred: Predictions of shape `(batch, time, features)`.
+        y_true: Targets `(batch, time, features)`, or `(batch, time)` for one
+            feature.
+        y_pred: Predictions `(batch, time, features)`.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:
@@ -195,23 +164,18 @@ class MaskedMeanAbsoluteError(_MaskedMeanError):
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
 class MaskedMeanSquaredError(_MaskedMeanError):
-    """Mean squared error over the valid timesteps.
-
-    Per step, `mean(square(y_true - y_pred), axis=-1)` (as
-    `keras.metrics.MeanSquaredError`), averaged over the valid steps of all
-    batches (weighted by `sample_weight`).
+    """Mean squared error over the valid timesteps of all batches.
 
     Args:
-        pad_value: Number or `None`: a step is padding when all its targets
-            equal it (e.g. `-1.0` or `float("nan")`). Defaults to `None`.
+        pad_value: Number; a step is padding when all its targets equal it.
+            Defaults to `None`.
         name: Name of the metric. Defaults to `"masked_mean_squared_error"`.
-        dtype: Dtype of the result and of the accumulators. Defaults to `None`
-            (`keras.backend.floatx()`).
+        dtype: Dtype of the result and accumulators. Defaults to `None`.
 
     Call arguments (`update_state`):
-        y_true: Targets of shape `(batch, time, features)`, or `(batch, time)`
-            when `y_pred` has shape `(batch, time, 1)`.
-        y_pred: Predictions of shape `(batch, time, features)`.
+        y_true: Targets `(batch, time, features)`, or `(batch, time)` for one
+            feature.
+        y_pred: Predictions `(batch, time, features)`.
         sample_weight: Optional `(batch,)` or `(batch, time)` weights.
 
     Example:

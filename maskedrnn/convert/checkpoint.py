@@ -1,17 +1,7 @@
 """Weight checkpoints across Keras' RNN layers and maskedrnn's wrappers.
 
-Keras 3's `.weights.h5` files (and the weights inside a `.keras` archive)
-key each layer of a model's layer list by its class name, not by its
-`name`: a `keras.layers.Bidirectional` is stored under
-`layers/bidirectional/forward_layer/cell/vars/0`, a `MaskedBidirectional`
-under `layers/masked_bidirectional/...` (then `bidirectional_1`, ... for the
-next ones; see `keras/src/saving/saving_lib.py`); a plain `LSTM` under
-`layers/lstm/cell/...`, a `MaskedRNN` under `layers/masked_rnn/layer/cell/...`.
-So a checkpoint written by `model.save_weights(...)` before `convert_model`
-does not load into the converted model ("Layer 'lstm_cell' expected 3
-variables, but received 0"), nor into a model rebuilt by hand with
-`MaskedBidirectional`/`MaskedRNN`, although the weights are the same.
-`load_weights(model, filepath)` loads it.
+Keras 3 weight files key layers by class name (`bidirectional`,
+`masked_bidirectional`, ...), so Keras' `load_weights` cannot cross them.
 """
 
 import os
@@ -39,9 +29,8 @@ _KERAS_ARCHIVE_WEIGHTS = "model.weights.h5"
 def _layout(filepath):
     """`{dataset path: shape}` of a Keras weights file, without the optimizer.
 
-    The optimizer's variables (`optimizer/vars/<n>`) are numbered in the
-    order of the model's weights, which is the same for `Bidirectional` and
-    `MaskedBidirectional`; only the layers' paths differ.
+    The optimizer's variables are numbered in the model's weight order, which
+    the wrappers do not change.
     """
     import h5py  # Only here: `import maskedrnn` must not need h5py.
 
@@ -69,16 +58,13 @@ def _model_layout(model, directory, name):
 
 
 def _twin(model, direction, kinds):
-    """The model rebuilt with its `kinds` layers swapped by `direction` (no
-    compile state), and the converter that records which of its layers
-    copies which of `model`'s."""
+    """`model` rebuilt with its `kinds` layers swapped, and the converter used."""
     converter = _Converter(
         direction, compile=False, select=lambda layer: isinstance(layer, kinds)
     )
     return converter.convert(model), converter
 
 
-# The layer groups a twin swaps, per direction.
 _GROUPS = (
     (_ToKeras, ((MaskedBidirectional,), (MaskedRNN,))),
     (_ToMasked, ((keras.layers.Bidirectional,), _PLAIN_RNNS)),
@@ -86,9 +72,7 @@ _GROUPS = (
 
 
 def _swaps(model):
-    """(direction, classes) of the twins to try: every group the model has,
-    then each group alone (a model may have been converted, or rebuilt by
-    hand, for one kind of layer only)."""
+    """`(direction, classes)` to try: all groups the model has, then each alone."""
     for direction, groups in _GROUPS:
         present = [group for group in groups if _inner_sources(model, group)]
         if present:
@@ -118,45 +102,26 @@ def _differences(expected, found):
 def load_weights(model, filepath):
     """Loads Keras weights across Keras' RNN layers and maskedrnn's wrappers.
 
-    Loads a checkpoint written by `model.save_weights("x.weights.h5")` (or a
-    `.keras` file from `model.save`) of a model built with
-    `keras.layers.Bidirectional` and plain `LSTM`/`GRU`/`SimpleRNN` layers
-    into the same architecture built with `maskedrnn.MaskedBidirectional` and
-    `maskedrnn.MaskedRNN` (e.g. the model `convert_model` returns, or one
-    rebuilt by hand), and the other way round. Keras' own
-    `model.load_weights` cannot: its files key layers by class name, so the
-    saved `bidirectional` entries are not found under `masked_bidirectional`
-    (nor `lstm` under `masked_rnn`, which also nests the RNN one level
-    deeper).
-
-    How: if the file's layout (weight paths and shapes) is `model`'s own,
-    this is `model.load_weights(filepath)`. Otherwise `model` is rebuilt with
-    its `MaskedBidirectional`/`MaskedRNN` layers as `Bidirectional`/plain
-    RNNs, or, failing that, with its `Bidirectional`/plain RNN layers as
-    `MaskedBidirectional`/`MaskedRNN` as `convert_model` does (each time all
-    of them, then one kind at a time); the first rebuilt model whose layout
-    equals the file's loads it with Keras' own loader and its weights are
-    copied into `model` (the wrappers hold the same weights as the layers
-    they stand for, in the same order). Nothing is assigned unless a layout
-    matches. When the model has to be rebuilt, only the layers' weights are
-    loaded, not an optimizer state the file may hold.
+    Loads a checkpoint of a model built with `Bidirectional` and plain
+    `LSTM`/`GRU`/`SimpleRNN` layers into the same architecture built with
+    `MaskedBidirectional`/`MaskedRNN` (e.g. from `convert_model`), and back;
+    Keras' `load_weights` cannot, its files key layers by class name. If the
+    layouts differ, `model` is rebuilt with the other classes until one matches
+    the file, and only the layers' weights (no optimizer state) are copied.
+    Nothing is assigned unless a layout matches.
 
     Args:
-        model: A built `keras.Model`. Rebuilding (when the layouts differ)
-            needs a Sequential or Functional model; a subclassed model keys
-            its layers by attribute name, which the wrapper class does not
-            change, so `model.load_weights` works for it.
-        filepath: Path of a `.weights.h5` file (`model.save_weights`) or a
-            `.keras` file (`model.save`).
+        model: A built Sequential or Functional `keras.Model` (a subclassed
+            one keys layers by attribute, so `model.load_weights` works).
+        filepath: Path of a `.weights.h5` or `.keras` file.
 
     Returns:
-        None. The model's variables are assigned in place.
+        None; the model's variables are assigned in place.
 
     Raises:
         TypeError: If `model` is not a `keras.Model`.
-        ValueError: If `model` is not built, `filepath` has another
-            extension, or no rebuilt model matches the file (the message
-            lists the weights that differ).
+        ValueError: If `model` is not built, `filepath` has another extension,
+            or no layout matches (the message lists the weights that differ).
 
     Example:
 

@@ -1,9 +1,9 @@
 """TF1 `CudnnLSTM` / `CudnnGRU` canonical parameters (`CudnnRNNParamsToCanonical`).
 
 One layer and direction is a list of per-gate matrices in cuDNN's gate order,
-`(U, D)` for the input and `(U, U)` for the recurrent state (row-major), plus
-one `(U,)` bias per matrix. A multi-layer or bidirectional RNN is the flat
-concatenation of those lists, layer by layer, forward before backward.
+`(U, D)` for the input and `(U, U)` for the recurrent state, plus one `(U,)`
+bias per matrix; a stack is their concatenation, layer by layer, forward
+before backward.
 """
 
 import numpy as np
@@ -67,25 +67,14 @@ def _canonical_matrices(weights, biases, n_gates, name_w, name_b, layer_name):
 def cudnn_canonical_lstm_to_lstm(weights, biases):
     """Converts one layer of cuDNN canonical LSTM params to `keras.layers.LSTM`.
 
-    Source: the canonical parameters of a TF1 `CudnnLSTM` (what
-    `tf.raw_ops.CudnnRNNParamsToCanonical` returns and
-    `CudnnRNNCanonicalToParams` takes, for one layer and one direction).
-    cuDNN computes, per gate g, `W_g @ x + R_g @ h + bW_g + bR_g`, with
-
-    - `weights`: 8 matrices `[W_i, W_f, W_c, W_o, R_i, R_f, R_c, R_o]`,
-      `W_g` of shape `(U, D)` and `R_g` of shape `(U, U)` (row-major;
-      flattened 1-D versions are accepted), gate order i, f, c, o;
-    - `biases`: 8 vectors `[bW_i, bW_f, bW_c, bW_o, bR_i, bR_f, bR_c, bR_o]`,
-      each `(U,)`.
-
     Args:
-        weights: list of the 8 canonical weight matrices, as above.
-        biases: list of the 8 canonical bias vectors, as above.
+        weights: The 8 matrices `[W_i, W_f, W_c, W_o (U, D), R_i, R_f, R_c,
+            R_o (U, U)]` (or their row-major flattenings).
+        biases: The 8 `(U,)` vectors `[bW_i, ..., bW_o, bR_i, ..., bR_o]`.
 
     Returns:
-        List `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` for
-        `keras.layers.LSTM(U)`: `kernel = [W_i.T | W_f.T | W_c.T | W_o.T]`,
-        `recurrent_kernel = [R_i.T | ... | R_o.T]`, `bias = bW + bR`.
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`,
+        `bias = bW + bR`.
 
     Example:
 
@@ -96,8 +85,6 @@ def cudnn_canonical_lstm_to_lstm(weights, biases):
     weights, biases, _, _ = _canonical_matrices(
         weights, biases, LSTM_GATES, "weights", "biases", "cuDNN LSTM layer"
     )
-    # Gate order i, f, c, o is the same in cuDNN and Keras; transpose each
-    # (U, in) matrix to a (in, U) column block.
     kernel = np.concatenate([w.T for w in weights[:4]], axis=1)
     recurrent_kernel = np.concatenate([r.T for r in weights[4:]], axis=1)
     bias = np.concatenate(biases[:4]) + np.concatenate(biases[4:])
@@ -107,27 +94,14 @@ def cudnn_canonical_lstm_to_lstm(weights, biases):
 def lstm_to_cudnn_canonical_lstm(weights):
     """Converts `keras.layers.LSTM` weights to cuDNN canonical LSTM params.
 
-    Inverse of `cudnn_canonical_lstm_to_lstm` (see there for the layout).
-
     Args:
-        weights: list `[kernel (D, 4U), recurrent_kernel (U, 4U),
-            bias (4U,)]` of a `keras.layers.LSTM(U)`.
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        Tuple `(weights, biases)`: 8 matrices `[W_i, W_f, W_c, W_o (U, D),
-        R_i, R_f, R_c, R_o (U, U)]` and 8 vectors `(U,)`. Each Keras bias is
-        split in two equal halves `bW_g = bR_g = bias_g / 2`, as TF's
-        `CudnnLSTMSaveable` does when restoring.
-
-    Example:
-
-    >>> w, b = lstm_to_cudnn_canonical_lstm(
-    ...     [np.ones((3, 8)), np.ones((2, 8)), np.ones(8)])
-    >>> [a.shape for a in w][:5], b[0]
-    ([(2, 3), (2, 3), (2, 3), (2, 3), (2, 2)], array([0.5, 0.5]))
+        A tuple `(weights, biases)` of 8 matrices and 8 `(U,)` vectors, the
+        Keras bias halved into `bW` and `bR` (as TF's `CudnnLSTMSaveable`).
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
-    # Column blocks i, f, c, o -> (U, in) matrices in the same gate order.
     matrices = [k.T for k in split_gates(kernel, LSTM_GATES, axis=1)]
     matrices += [r.T for r in split_gates(recurrent_kernel, LSTM_GATES, axis=1)]
     half = halve_bias(bias)
@@ -136,43 +110,21 @@ def lstm_to_cudnn_canonical_lstm(weights):
 
 
 def cudnn_canonical_gru_to_gru(weights, biases):
-    """Converts one layer of cuDNN canonical GRU params to `keras.layers.GRU`.
-
-    Source: the canonical parameters of a TF1 `CudnnGRU` (what
-    `tf.raw_ops.CudnnRNNParamsToCanonical` returns, for one layer and one
-    direction), gate order r (reset), z (update), h (new memory). cuDNN
-    computes `r = sigmoid(W_r x + R_r h + bW_r + bR_r)`, `z` likewise,
-    `h~ = tanh(W_h x + bW_h + r * (R_h h + bR_h))`,
-    `h' = (1 - z) * h~ + z * h`, which is Keras' `GRU(reset_after=True)`.
+    """Converts one layer of cuDNN canonical GRU params to `GRU(reset_after=True)`.
 
     Args:
-        weights: list of 6 matrices `[W_r, W_z, W_h (U, D), R_r, R_z, R_h
-            (U, U)]` (row-major; flattened 1-D versions are accepted).
-        biases: list of 6 vectors `[bW_r, bW_z, bW_h, bR_r, bR_z, bR_h]`,
-            each `(U,)`.
+        weights: The 6 matrices `[W_r, W_z, W_h (U, D), R_r, R_z, R_h (U, U)]`
+            (or their row-major flattenings).
+        biases: The 6 `(U,)` vectors `[bW_r, bW_z, bW_h, bR_r, bR_z, bR_h]`.
 
     Returns:
-        List `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` for
-        `keras.layers.GRU(U, reset_after=True)`, gates reordered to z, r, h:
-        `kernel = [W_z.T | W_r.T | W_h.T]`, `bias[0] = [bW_z, bW_r, bW_h]`,
-        `bias[1] = [bR_z, bR_r, bR_h]`. Exact.
-
-    Example:
-
-    >>> w = [np.ones((2, 3))] * 3 + [np.ones((2, 2))] * 3
-    >>> [a.shape for a in cudnn_canonical_gru_to_gru(w, [np.zeros(2)] * 6)]
-    [(3, 6), (2, 6), (2, 6)]
+        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`, exact.
     """
     weights, biases, _, _ = _canonical_matrices(
         weights, biases, GRU_GATES, "weights", "biases", "cuDNN GRU layer"
     )
-    # Matrices [W_r, W_z, W_h] (U, D) and [R_r, R_z, R_h] (U, U): transpose
-    # each to an (in, U) column block and concatenate in cuDNN's order r, z, h
-    # -> kernel (D, 3U), recurrent_kernel (U, 3U); then swap to Keras' z, r, h.
     kernel = swap_gru_zr(np.concatenate([w.T for w in weights[:3]], axis=1))
     recurrent_kernel = swap_gru_zr(np.concatenate([r.T for r in weights[3:]], axis=1))
-    # Biases [bW_r, bW_z, bW_h | bR_r, bR_z, bR_h] (U,) each -> (2, 3U)
-    # [input; recurrent], blocks r, z, h; then swap to z, r, h.
     bias = swap_gru_zr(
         np.stack([np.concatenate(biases[:3]), np.concatenate(biases[3:])])
     )
@@ -180,37 +132,20 @@ def cudnn_canonical_gru_to_gru(weights, biases):
 
 
 def gru_to_cudnn_canonical_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to cuDNN canonical.
-
-    Inverse of `cudnn_canonical_gru_to_gru` (see there for the layout).
-    Exact.
+    """Converts `GRU(reset_after=True)` weights to cuDNN canonical params, exactly.
 
     Args:
-        weights: list `[kernel (D, 3U), recurrent_kernel (U, 3U),
-            bias (2, 3U)]` of a `keras.layers.GRU(U, reset_after=True)`.
+        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
-        Tuple `(weights, biases)`: 6 matrices `[W_r, W_z, W_h (U, D),
-        R_r, R_z, R_h (U, U)]` and 6 vectors `[bW_r, bW_z, bW_h, bR_r, bR_z,
-        bR_h]` of shape `(U,)`.
-
-    Example:
-
-    >>> w, b = gru_to_cudnn_canonical_gru(
-    ...     [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))])
-    >>> [a.shape for a in w], len(b)
-    ([(2, 3), (2, 3), (2, 3), (2, 2), (2, 2), (2, 2)], 6)
+        A tuple `(weights, biases)` of 6 matrices (gates r, z, h) and 6 vectors.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
-    # kernel (D, 3U), recurrent_kernel (U, 3U): Keras column blocks z, r, h ->
-    # cuDNN's r, z, h, then each (in, U) block transposed to a (U, in) matrix.
     matrices = [
         np.ascontiguousarray(block.T)
         for matrix in (kernel, recurrent_kernel)
         for block in split_gates(swap_gru_zr(matrix), GRU_GATES, axis=1)
     ]
-    # bias (2, 3U) [input; recurrent], blocks z, r, h -> [bW_r, bW_z, bW_h,
-    # bR_r, bR_z, bR_h], each (U,).
     bias = swap_gru_zr(bias)
     biases = split_gates(bias[0], GRU_GATES, axis=0)
     biases += split_gates(bias[1], GRU_GATES, axis=0)
@@ -225,26 +160,15 @@ def _check_mode(rnn_mode):
 def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
     """Converts a whole (multi-layer) cuDNN canonical param set to Keras.
 
-    The flat lists returned by `tf.raw_ops.CudnnRNNParamsToCanonical` for a
-    TF1 `CudnnLSTM`/`CudnnGRU` with `num_layers` layers hold, for each
-    layer and (if bidirectional) each direction (forward first), the 8
-    (LSTM) or 6 (GRU) weight matrices; then, in the same order, the bias
-    vectors. Each group is converted with `cudnn_canonical_lstm_to_lstm` /
-    `cudnn_canonical_gru_to_gru`.
-
     Args:
-        weights: flat list of all canonical weight matrices.
-        biases: flat list of all canonical bias vectors.
+        weights: Flat list of all canonical matrices.
+        biases: Flat list of all canonical bias vectors.
         rnn_mode: `"lstm"` or `"gru"`.
-        bidirectional: bool (default `False`), `True` for
-            `direction="bidirectional"`.
+        bidirectional: Bool. Defaults to `False`.
 
     Returns:
-        List with one entry per layer: the 3 Keras weights of `LSTM(U)` /
-        `GRU(U, reset_after=True)`, or, if `bidirectional`, the 6 weights of
-        `keras.layers.Bidirectional` (merge_mode `"concat"`) /
-        `maskedrnn.MaskedBidirectional` around it. Layer `k > 0` takes the
-        previous layer's output (`2U` features if bidirectional).
+        One entry per layer: the 3 weights of `LSTM(U)` / `GRU(U,
+        reset_after=True)`, or the 6 of a bidirectional wrapper around it.
 
     Example:
 
@@ -292,26 +216,13 @@ def cudnn_canonical_to_keras(weights, biases, rnn_mode, bidirectional=False):
 def keras_to_cudnn_canonical(layers_weights):
     """Converts stacked Keras LSTM/GRU (or bidirectional) weights to cuDNN.
 
-    Inverse of `cudnn_canonical_to_keras`: returns the flat `(weights,
-    biases)` lists `tf.raw_ops.CudnnRNNCanonicalToParams` takes.
-
     Args:
-        layers_weights: list with one entry per layer, each the weights of a
-            `keras.layers.LSTM` / `GRU(reset_after=True)` (3 arrays) or of a
-            `Bidirectional`/`MaskedBidirectional` around one (6 arrays). All
-            layers must be of the same type and direction count.
+        layers_weights: One entry per layer, 3 or 6 arrays, all of the same
+            type and direction count.
 
     Returns:
-        Tuple `(weights, biases)` of flat lists in cuDNN canonical order
-        (layer by layer, forward before backward; see
-        `lstm_to_cudnn_canonical_lstm` / `gru_to_cudnn_canonical_gru`).
-
-    Example:
-
-    >>> lstm = [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)]
-    >>> w, b = keras_to_cudnn_canonical([lstm])
-    >>> len(w), len(b)
-    (8, 8)
+        A tuple `(weights, biases)` of flat lists, as
+        `CudnnRNNCanonicalToParams` takes them.
     """
     layers = _layers_list(layers_weights)
     kinds, directions = set(), set()

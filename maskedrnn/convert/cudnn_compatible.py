@@ -1,9 +1,8 @@
 """TF1 `CudnnCompatibleLSTMCell` / `CudnnCompatibleGRUCell` checkpoint variables.
 
-The variables TF1's cuDNN-compatible cells (and `LSTMBlockCell`,
-`BasicLSTMCell`, `LSTMCell` without peepholes or projection) write to
-checkpoints: one `[x, h]`-stacked kernel per gate group, LSTM gates in the
-TF1 order i, c, f, o, GRU split into gates (r, u) and candidate projections.
+Also the layout of `LSTMBlockCell`, `BasicLSTMCell` and `LSTMCell` without
+peepholes or projection: one `[x, h]`-stacked kernel, LSTM gates in TF1's
+order i, c, f, o.
 """
 
 import numpy as np
@@ -20,16 +19,12 @@ __all__ = [
     "lstm_to_cudnn_compatible_lstm_cell",
 ]
 
-#: Names of the `CudnnCompatibleLSTMCell` checkpoint variables (relative to
-#: the cell's variable scope, e.g. `rnn/multi_rnn_cell/cell_0/
-#: cudnn_compatible_lstm_cell/`), in the argument order of
-#: `cudnn_compatible_lstm_cell_to_lstm`.
+#: `CudnnCompatibleLSTMCell` variable names under the cell's scope, in the
+#: argument order of `cudnn_compatible_lstm_cell_to_lstm`.
 CUDNN_COMPATIBLE_LSTM_CELL_VARIABLES = ("kernel", "bias")
 
-#: Names of the `CudnnCompatibleGRUCell` checkpoint variables (relative to
-#: the cell's variable scope, e.g. `rnn/multi_rnn_cell/cell_0/
-#: cudnn_compatible_gru_cell/`), in the argument order of
-#: `cudnn_compatible_gru_cell_to_gru`.
+#: `CudnnCompatibleGRUCell` variable names under the cell's scope, in the
+#: argument order of `cudnn_compatible_gru_cell_to_gru`.
 CUDNN_COMPATIBLE_GRU_CELL_VARIABLES = (
     "gates/kernel",
     "gates/bias",
@@ -43,30 +38,18 @@ CUDNN_COMPATIBLE_GRU_CELL_VARIABLES = (
 def cudnn_compatible_lstm_cell_to_lstm(kernel, bias, forget_bias=0.0):
     """Converts `CudnnCompatibleLSTMCell` variables to `keras.layers.LSTM`.
 
-    Source: the checkpoint variables `.../cudnn_compatible_lstm_cell/kernel`
-    and `.../bias` of a TF1 `tf.contrib.cudnn_rnn.CudnnCompatibleLSTMCell`
-    (also what a TF1 `CudnnLSTM` layer saves to checkpoints). The cell is an
-    `LSTMBlockCell` with `forget_bias=0`: `[i, c, f, o] = [x, h] @ kernel +
-    bias`, `c' = sigmoid(f + forget_bias) * c + sigmoid(i) * tanh(c)`,
-    `h' = sigmoid(o) * tanh(c')`.
-
-    - `kernel`: `(D + U, 4U)`; rows are the input features then the
-      hidden-state features, gate column blocks in order i, c, f, o.
-    - `bias`: `(4U,)`, gate order i, c, f, o (input and recurrent biases
-      already summed).
-
-    The same layout (with `forget_bias=1.0` by default there) is used by
-    TF1 `LSTMBlockCell`, `BasicLSTMCell` and `LSTMCell` without peepholes or
-    projection: pass their `forget_bias`.
+    Also for TF1 `LSTMBlockCell`, `BasicLSTMCell` and `LSTMCell` without
+    peepholes or projection: pass their `forget_bias` (1.0 by default there).
 
     Args:
-        kernel: array `(D + U, 4U)`, as above.
-        bias: array `(4U,)`, as above.
-        forget_bias: float (default `0.0`), the cell's constant forget-gate
-            offset; it is added to the Keras forget-gate bias.
+        kernel: Array `(D + U, 4U)`: rows input then hidden-state features,
+            gate column blocks i, c, f, o.
+        bias: Array `(4U,)`, gates i, c, f, o.
+        forget_bias: Float, the cell's constant forget-gate offset, added to
+            the Keras forget-gate bias. Defaults to `0.0`.
 
     Returns:
-        List `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` for
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` of
         `keras.layers.LSTM(U)`.
 
     Example:
@@ -91,41 +74,25 @@ def cudnn_compatible_lstm_cell_to_lstm(kernel, bias, forget_bias=0.0):
             f"{kernel.shape}."
         )
     _check_shape(bias, (4 * units,), "bias", "4 * units, gate order i, c, f, o")
-    # Gate column blocks i, c, f, o -> i, f, c, o.
     kernel = reorder_gates(kernel, TF1_LSTM_SWAP_CF, axis=1)
     bias = reorder_gates(bias, TF1_LSTM_SWAP_CF, axis=0)
     if forget_bias:
         bias = bias.copy()
         bias[units : 2 * units] += forget_bias  # Keras forget gate block.
-    # Rows: input features first, then hidden-state features.
     return [kernel[:input_dim], kernel[input_dim:], bias]
 
 
 def lstm_to_cudnn_compatible_lstm_cell(weights):
-    """Converts `keras.layers.LSTM` weights to `CudnnCompatibleLSTMCell`.
-
-    Inverse of `cudnn_compatible_lstm_cell_to_lstm` with `forget_bias=0`
-    (see there for the layout).
+    """Converts `keras.layers.LSTM` weights to `CudnnCompatibleLSTMCell` variables.
 
     Args:
-        weights: list `[kernel (D, 4U), recurrent_kernel (U, 4U),
-            bias (4U,)]` of a `keras.layers.LSTM(U)`.
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        List `[kernel (D + U, 4U), bias (4U,)]`, gate order i, c, f, o, in
-        the order of `CUDNN_COMPATIBLE_LSTM_CELL_VARIABLES`.
-
-    Example:
-
-    >>> cell = lstm_to_cudnn_compatible_lstm_cell(
-    ...     [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)])
-    >>> [a.shape for a in cell]
-    [(5, 8), (8,)]
+        `[kernel (D + U, 4U), bias (4U,)]`, gates i, c, f, o.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
-    # Rows: input features, then hidden-state features.
     stacked = np.concatenate([kernel, recurrent_kernel], axis=0)
-    # Gate column blocks i, f, c, o -> i, c, f, o.
     stacked = reorder_gates(stacked, TF1_LSTM_SWAP_CF, axis=1)
     bias = reorder_gates(bias, TF1_LSTM_SWAP_CF, axis=0)
     return [stacked, bias]
@@ -141,32 +108,22 @@ def cudnn_compatible_gru_cell_to_gru(
 ):
     """Converts `CudnnCompatibleGRUCell` variables to `keras.layers.GRU`.
 
-    Source: the checkpoint variables of a TF1
-    `tf.contrib.cudnn_rnn.CudnnCompatibleGRUCell` (also what a TF1 `CudnnGRU`
-    layer saves to checkpoints), named as in
-    `CUDNN_COMPATIBLE_GRU_CELL_VARIABLES`. The cell computes
-    `[r, u] = sigmoid([x, h] @ gates/kernel + gates/bias)`,
-    `c = tanh(x @ input_projection/kernel + input_projection/bias
-    + r * (h @ hidden_projection/kernel + hidden_projection/bias))`,
-    `h' = u * h + (1 - u) * c`: Keras' `GRU(reset_after=True)` with z = u.
+    The cell is Keras' `GRU(reset_after=True)` with its update gate `u` as `z`.
 
     Args:
-        gates_kernel: `gates/kernel`, `(D + U, 2U)`: rows input features then
+        gates_kernel: `gates/kernel`, `(D + U, 2U)`: rows input then
             hidden-state features, column blocks r then u.
-        gates_bias: `gates/bias`, `(2U,)`, r then u (input and recurrent
-            biases summed).
-        input_projection_kernel: `candidate/input_projection/kernel`,
-            `(D, U)`.
+        gates_bias: `gates/bias`, `(2U,)`, r then u.
+        input_projection_kernel: `candidate/input_projection/kernel`, `(D, U)`.
         input_projection_bias: `candidate/input_projection/bias`, `(U,)`.
         hidden_projection_kernel: `candidate/hidden_projection/kernel`,
             `(U, U)`.
         hidden_projection_bias: `candidate/hidden_projection/bias`, `(U,)`.
 
     Returns:
-        List `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` for
-        `keras.layers.GRU(U, reset_after=True)`. The summed r/u biases go
-        into the input bias row; the recurrent bias row holds zeros for z
-        and r and `hidden_projection/bias` for h.
+        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` of
+        `keras.layers.GRU(U, reset_after=True)`; the r/u biases go into the
+        input bias row.
 
     Example:
 
@@ -202,10 +159,8 @@ def cudnn_compatible_gru_cell_to_gru(
     _check_shape(gates_bias, (2 * units,), "gates_bias", "2U: r then u")
     _check_shape(input_bias, (units,), "input_projection_bias", "U")
     _check_shape(hidden_bias, (units,), "hidden_projection_bias", "U")
-    # gates/kernel column blocks r, u(=z); rows split into input / hidden.
     r_block, z_block = split_gates(gates_kernel, 2, axis=1)
     r_bias, z_bias = split_gates(gates_bias, 2, axis=0)
-    # Keras gate order z, r, h.
     kernel = np.concatenate(
         [z_block[:input_dim], r_block[:input_dim], input_kernel], axis=1
     )
@@ -223,32 +178,16 @@ def cudnn_compatible_gru_cell_to_gru(
 
 
 def gru_to_cudnn_compatible_gru_cell(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to the cell's.
-
-    Inverse of `cudnn_compatible_gru_cell_to_gru` (see there for the
-    layout); the Keras input and recurrent biases of z and r are summed into
-    `gates/bias`.
+    """Converts `GRU(reset_after=True)` weights to `CudnnCompatibleGRUCell` ones.
 
     Args:
-        weights: list `[kernel (D, 3U), recurrent_kernel (U, 3U),
-            bias (2, 3U)]` of a `keras.layers.GRU(U, reset_after=True)`.
+        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
-        List of the 6 `CudnnCompatibleGRUCell` variables in the order of
-        `CUDNN_COMPATIBLE_GRU_CELL_VARIABLES`: `gates/kernel (D + U, 2U)`,
-        `gates/bias (2U,)`, `candidate/input_projection/kernel (D, U)`,
-        `.../bias (U,)`, `candidate/hidden_projection/kernel (U, U)`,
-        `.../bias (U,)`.
-
-    Example:
-
-    >>> cell = gru_to_cudnn_compatible_gru_cell(
-    ...     [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))])
-    >>> [a.shape for a in cell]
-    [(5, 4), (4,), (3, 2), (2,), (2, 2), (2,)]
+        The 6 variables in the order of `CUDNN_COMPATIBLE_GRU_CELL_VARIABLES`,
+        z and r biases summed into `gates/bias`.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
-    # Keras column blocks z, r, h; rows input then hidden for the gates kernel.
     k_z, k_r, k_h = split_gates(kernel, 3, axis=1)
     r_z, r_r, r_h = split_gates(recurrent_kernel, 3, axis=1)
     bi_z, bi_r, bi_h = split_gates(bias[0], 3, axis=0)
@@ -259,7 +198,3 @@ def gru_to_cudnn_compatible_gru_cell(weights):
     )  # column blocks r, u(=z)
     gates_bias = np.concatenate([bi_r + br_r, bi_z + br_z])
     return [gates_kernel, gates_bias, k_h, bi_h, r_h, br_h]
-
-
-# ---------------------------------------------------------------------------
-# PyTorch nn.LSTM / nn.GRU.

@@ -1,12 +1,8 @@
 """Legacy `CuDNNLSTM` / `CuDNNGRU` layers (tf-keras, Keras 2) and their `.h5` files.
 
-`tf.compat.v1.keras.layers.CuDNNLSTM(U).get_weights()` is `[kernel (D, 4U),
-recurrent_kernel (U, 4U), bias (8U,)]` (gates i, f, c, o), `CuDNNGRU(U)`'s is
-`[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]` (gates z, r, h):
-Keras-looking shapes, but each gate block holds a cuDNN matrix in disguise and
-the bias is `[input biases | recurrent biases]`. `load_legacy_cudnn_h5` reads a
-tf-keras `.h5` file (with `h5py`, imported only there) and assigns the
-converted weights to a Keras 3 model.
+Their weights have Keras' shapes, but each gate block holds a cuDNN matrix
+in memory order and the bias is `[input biases | recurrent biases]` (see
+`docs/convert.md`).
 """
 
 import os
@@ -40,16 +36,9 @@ __all__ = [
 
 
 def _cudnn_block_to_keras(block):
-    """Converts one gate block of a legacy CuDNN layer's kernel to Keras.
+    """Converts one gate block: cuDNN reads the `(rows, U)` slice as `(U, rows)`.
 
-    A legacy CuDNN layer keeps each gate's weights in a `(rows, U)` slice of
-    its Keras-shaped variable, but hands that slice's memory (C order) to
-    cuDNN, which reads it as a row-major `(U, rows)` matrix `W` (units by
-    inputs). The Keras block for the same gate is `W.T`, so: reinterpret the
-    memory as `(U, rows)`, then transpose. This is what tf-keras'
-    `transpose_input(from_cudnn=True)` computes as
-    `block.T.reshape(block.shape, order="F")`. For the square recurrent
-    blocks it is a plain transpose.
+    Same as tf-keras' `block.T.reshape(block.shape, order="F")`.
     """
     rows, units = block.shape
     return block.reshape(units, rows).T
@@ -95,23 +84,12 @@ def _legacy_cudnn(weights, n_gates, name, layer_name):
 def cudnn_lstm_to_lstm(weights):
     """Converts legacy `CuDNNLSTM` weights to `keras.layers.LSTM` weights.
 
-    Source: `tf.compat.v1.keras.layers.CuDNNLSTM` (tf-keras / Keras 2), whose
-    `get_weights()` is `[kernel (D, 4U), recurrent_kernel (U, 4U),
-    bias (8U,)]`, gates in order i, f, c, o (the same order as Keras). Each
-    gate's `(D, U)` kernel block holds cuDNN's `(U, D)` input matrix in
-    row-major memory order, and each `(U, U)` recurrent block holds the
-    transposed recurrent matrix; `bias` is the 4 input biases followed by
-    the 4 recurrent biases. This is the conversion tf-keras applies when it
-    loads CuDNNLSTM weights into an LSTM (`hdf5_format._convert_rnn_weights`).
-
     Args:
-        weights: list `[kernel, recurrent_kernel, bias]` of a CuDNNLSTM
-            layer, shapes `(D, 4U)`, `(U, 4U)`, `(8U,)`.
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]`.
 
     Returns:
-        List `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]` for
-        `keras.layers.LSTM(U)`. The two cuDNN biases are summed (only their
-        sum enters the LSTM equations).
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`, the two cuDNN
+        biases summed.
 
     Example:
 
@@ -122,12 +100,10 @@ def cudnn_lstm_to_lstm(weights):
     kernel, recurrent_kernel, bias, units = _legacy_cudnn(
         weights, LSTM_GATES, "weights", "CuDNNLSTM"
     )
-    # Per gate (order i, f, c, o kept): reinterpret the cuDNN matrix, transpose.
     kernel = map_gate_blocks(kernel, LSTM_GATES, _cudnn_block_to_keras)
     recurrent_kernel = map_gate_blocks(
         recurrent_kernel, LSTM_GATES, _cudnn_block_to_keras
     )
-    # bias (8U,) = [input biases i,f,c,o | recurrent biases i,f,c,o] -> sum.
     bias = bias[: 4 * units] + bias[4 * units :]
     return [kernel, recurrent_kernel, bias]
 
@@ -135,56 +111,31 @@ def cudnn_lstm_to_lstm(weights):
 def lstm_to_cudnn_lstm(weights):
     """Converts `keras.layers.LSTM` weights to legacy `CuDNNLSTM` weights.
 
-    Inverse of `cudnn_lstm_to_lstm` (see there for the layouts), for code
-    that still runs `tf.compat.v1.keras.layers.CuDNNLSTM`.
-
     Args:
-        weights: list `[kernel (D, 4U), recurrent_kernel (U, 4U),
-            bias (4U,)]` of a `keras.layers.LSTM(U)` (with `use_bias=True`).
+        weights: `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (4U,)]`.
 
     Returns:
-        List `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]` for a
-        CuDNNLSTM. The Keras bias is split in two equal halves (input and
-        recurrent biases), as tf-keras does; any split with the same sum
-        computes the same function.
-
-    Example:
-
-    >>> keras_weights = [np.ones((3, 8)), np.ones((2, 8)), np.ones(8)]
-    >>> lstm_to_cudnn_lstm(keras_weights)[2][:3]
-    array([0.5, 0.5, 0.5])
+        `[kernel (D, 4U), recurrent_kernel (U, 4U), bias (8U,)]`, half of the
+        Keras bias in each cuDNN bias, as tf-keras writes.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_lstm(weights)
-    # Per gate (order i, f, c, o kept): transpose, store in cuDNN memory order.
     kernel = map_gate_blocks(kernel, LSTM_GATES, _keras_block_to_cudnn)
     recurrent_kernel = map_gate_blocks(
         recurrent_kernel, LSTM_GATES, _keras_block_to_cudnn
     )
-    # bias (4U,) -> [input half | recurrent half] (8U,).
     half = halve_bias(bias)
     return [kernel, recurrent_kernel, np.concatenate([half, half])]
 
 
 def cudnn_gru_to_gru(weights):
-    """Converts legacy `CuDNNGRU` weights to `keras.layers.GRU` weights.
-
-    Source: `tf.compat.v1.keras.layers.CuDNNGRU`, whose `get_weights()` is
-    `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]`, gate blocks in
-    the Keras order z, r, h (the layer itself reorders them to cuDNN's
-    r, z, h when it calls cuDNN). Each gate's `(D, U)` kernel block holds
-    cuDNN's `(U, D)` input matrix in row-major memory order, each `(U, U)`
-    recurrent block holds the transposed recurrent matrix; `bias` is the 3
-    input biases followed by the 3 recurrent biases. This is the conversion
-    tf-keras applies when it loads CuDNNGRU weights into
-    `GRU(reset_after=True)`.
+    """Converts legacy `CuDNNGRU` weights to `keras.layers.GRU` weights, exactly.
 
     Args:
-        weights: list `[kernel, recurrent_kernel, bias]` of a CuDNNGRU layer,
-            shapes `(D, 3U)`, `(U, 3U)`, `(6U,)`.
+        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]`.
 
     Returns:
-        List `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` for
-        `keras.layers.GRU(U, reset_after=True)`.
+        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]` of
+        `GRU(U, reset_after=True)`.
 
     Example:
 
@@ -196,63 +147,39 @@ def cudnn_gru_to_gru(weights):
     kernel, recurrent_kernel, bias, units = _legacy_cudnn(
         weights, GRU_GATES, "weights", "CuDNNGRU"
     )
-    # Per gate (order z, r, h kept): reinterpret the cuDNN matrix, transpose.
     kernel = map_gate_blocks(kernel, GRU_GATES, _cudnn_block_to_keras)
     recurrent_kernel = map_gate_blocks(
         recurrent_kernel, GRU_GATES, _cudnn_block_to_keras
     )
-    # bias (6U,) = [input biases z,r,h | recurrent biases z,r,h] -> (2, 3U).
     return [kernel, recurrent_kernel, bias.reshape(2, 3 * units)]
 
 
 def gru_to_cudnn_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to `CuDNNGRU`.
-
-    Inverse of `cudnn_gru_to_gru` (see there for the layouts). Exact: no
-    information is lost either way.
+    """Converts `GRU(reset_after=True)` weights to legacy `CuDNNGRU`, exactly.
 
     Args:
-        weights: list `[kernel (D, 3U), recurrent_kernel (U, 3U),
-            bias (2, 3U)]` of a `keras.layers.GRU(U, reset_after=True)`.
+        weights: `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (2, 3U)]`.
 
     Returns:
-        List `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]` for a
-        `tf.compat.v1.keras.layers.CuDNNGRU`.
-
-    Example:
-
-    >>> keras_weights = [np.ones((3, 6)), np.ones((2, 6)), np.zeros((2, 6))]
-    >>> [w.shape for w in gru_to_cudnn_gru(keras_weights)]
-    [(3, 6), (2, 6), (12,)]
+        `[kernel (D, 3U), recurrent_kernel (U, 3U), bias (6U,)]`.
     """
     kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
-    # Per gate (order z, r, h kept): transpose, store in cuDNN memory order.
     kernel = map_gate_blocks(kernel, GRU_GATES, _keras_block_to_cudnn)
     recurrent_kernel = map_gate_blocks(
         recurrent_kernel, GRU_GATES, _keras_block_to_cudnn
     )
-    # bias (2, 3U) = [input; recurrent] -> [input | recurrent] (6U,).
     return [kernel, recurrent_kernel, bias.reshape(-1)]
 
 
 def cudnn_bidirectional_to_bidirectional(weights):
     """Converts legacy `Bidirectional(CuDNNLSTM/CuDNNGRU)` weights to Keras 3.
 
-    The source is the `get_weights()` of a tf-keras
-    `Bidirectional(tf.compat.v1.keras.layers.CuDNNLSTM(U))` (or `CuDNNGRU`):
-    the forward layer's 3 weights, then the backward layer's 3 weights. Each
-    half is converted with `cudnn_lstm_to_lstm` / `cudnn_gru_to_gru` (the
-    type is read from the recurrent kernel's shape, `(U, 4U)` or
-    `(U, 3U)`).
-
     Args:
-        weights: list of 6 arrays `[fw_kernel, fw_recurrent_kernel, fw_bias,
-            bw_kernel, bw_recurrent_kernel, bw_bias]` in legacy CuDNN layout.
+        weights: The 6 arrays of the legacy layer, forward then backward.
 
     Returns:
-        List of 6 arrays for `keras.layers.Bidirectional(keras.layers.LSTM(U))`
-        (or `GRU(U, reset_after=True)`) or
-        `maskedrnn.MaskedBidirectional` around the same layer.
+        The 6 arrays of a `Bidirectional` or `MaskedBidirectional` around
+        `LSTM(U)` or `GRU(U, reset_after=True)`.
 
     Example:
 
@@ -266,33 +193,17 @@ def cudnn_bidirectional_to_bidirectional(weights):
 def bidirectional_to_cudnn_bidirectional(weights):
     """Converts Keras 3 `Bidirectional(LSTM/GRU)` weights to legacy CuDNN.
 
-    Inverse of `cudnn_bidirectional_to_bidirectional`: each half goes
-    through `lstm_to_cudnn_lstm` or `gru_to_cudnn_gru` (type read from the
-    recurrent kernel's shape).
-
     Args:
-        weights: list of 6 arrays of a `keras.layers.Bidirectional` (or
-            `maskedrnn.MaskedBidirectional`) around `LSTM(U)` or
-            `GRU(U, reset_after=True)`: forward weights then backward weights.
+        weights: The 6 arrays of a `Bidirectional` or `MaskedBidirectional`.
 
     Returns:
-        List of 6 arrays for a tf-keras
-        `Bidirectional(tf.compat.v1.keras.layers.CuDNNLSTM(U))` (or
-        `CuDNNGRU`).
-
-    Example:
-
-    >>> half = [np.ones((3, 8)), np.ones((2, 8)), np.zeros(8)]
-    >>> [w.shape for w in bidirectional_to_cudnn_bidirectional(half + half)]
-    [(3, 8), (2, 8), (16,), (3, 8), (2, 8), (16,)]
+        The 6 arrays of a tf-keras `Bidirectional(CuDNNLSTM/CuDNNGRU)`.
     """
     return _each_direction(weights, lstm_to_cudnn_lstm, gru_to_cudnn_gru)
 
 
 def _each_direction(weights, lstm_fn, gru_fn):
-    """Converts the forward then the backward 3 arrays of a bidirectional
-    layer, with `lstm_fn` or `gru_fn` as the recurrent kernel's shape says
-    (`(U, 4U)`: LSTM, `(U, 3U)`: GRU)."""
+    """Converts each half with `lstm_fn` or `gru_fn`, by its recurrent kernel."""
     weights = _array_list(weights, 6, "weights", "(forward then backward layer)")
     converted = []
     for start, direction in ((0, "forward"), (3, "backward")):
@@ -302,11 +213,6 @@ def _each_direction(weights, lstm_fn, gru_fn):
         )
         converted += (lstm_fn if gates == LSTM_GATES else gru_fn)(half)
     return converted
-
-
-# ---------------------------------------------------------------------------
-# Loading legacy .h5 files.
-# ---------------------------------------------------------------------------
 
 
 def _h5_attribute_list(group, name):
@@ -325,14 +231,7 @@ def _h5_attribute_list(group, name):
 
 
 def _rnn_parts(layer):
-    """Returns the RNN parts of `layer` as [(kind, reset_after), ...] or None.
-
-    `kind` is "lstm" or "gru". A layer whose `cell` is a `keras.layers.
-    LSTMCell`/`GRUCell` (i.e. `LSTM`, `GRU`, `RNN(LSTMCell(...))`) has one
-    part; a wrapper exposing `forward_layer` and `backward_layer`
-    (`keras.layers.Bidirectional`, `maskedrnn.MaskedBidirectional`) has the
-    parts of both, forward first (the order of its weights).
-    """
+    """`[(kind, reset_after), ...]` of an RNN or bidirectional wrapper, else None."""
     cell = getattr(layer, "cell", None)
     if isinstance(cell, keras.layers.LSTMCell):
         return [("lstm", None)]
@@ -369,38 +268,24 @@ def _legacy_part_to_keras(kind, reset_after, arrays, where):
 def load_legacy_cudnn_h5(filepath, model):
     """Loads a tf-keras `.h5` file with CuDNN RNN weights into a Keras 3 model.
 
-    Keras 3 reads legacy `.h5` weights but no longer converts the weights of
-    `tf.compat.v1.keras.layers.CuDNNLSTM` / `CuDNNGRU` layers. This function
-    reads the file with `h5py`, matches saved layers with weights to the
-    model's layers with weights by order (like
-    `model.load_weights(filepath)`), converts every legacy CuDNN RNN's
-    weights (`cudnn_lstm_to_lstm` / `cudnn_gru_to_gru`; inside
-    `Bidirectional` each direction separately) and assigns them. Other
-    layers' weights, and RNN weights already in Keras layout, are assigned
-    unchanged. The saved architecture is not used: build the equivalent
-    Keras 3 model yourself, with `keras.layers.LSTM` for `CuDNNLSTM`,
-    `keras.layers.GRU(reset_after=True, recurrent_activation="sigmoid")`
-    (the defaults) for `CuDNNGRU`, and `keras.layers.Bidirectional` or
-    `maskedrnn.MaskedBidirectional` for `Bidirectional`.
+    Keras 3 no longer converts CuDNN RNN weights. Saved layers with weights
+    are matched to `model`'s by order; CuDNN-layout RNN weights are converted,
+    others copied; nothing is assigned unless all fit. Build the model with
+    `LSTM` for `CuDNNLSTM` and `GRU(reset_after=True)` for `CuDNNGRU`.
 
     Args:
-        filepath: path of an `.h5` file written by tf-keras / Keras 2
-            `model.save(...)` (a `model_weights` group is used) or
-            `model.save_weights(...)`.
-        model: a built Keras 3 model whose layers with weights correspond, in
-            order, to the saved layers with weights. RNN layers are recognized
-            by their `cell` (`keras.layers.LSTMCell` / `GRUCell`), wrappers by
-            their `forward_layer` / `backward_layer` attributes.
+        filepath: Path of an `.h5` file from tf-keras `model.save()` or
+            `model.save_weights()`.
+        model: A built Keras 3 model whose layers with weights correspond, in
+            order, to the saved ones.
 
     Returns:
-        None. The model's variables are assigned in place.
+        None; the model's variables are assigned in place.
 
     Example:
 
     ```python
-    # Saved by tf-keras: Bidirectional(CuDNNLSTM(64, return_sequences=True))
-    # -> CuDNNGRU(32) -> Dense(1), on inputs of shape (None, 20, 8).
-    inputs = keras.Input((20, 8))
+    inputs = keras.Input((20, 8))  # saved: Bidirectional(CuDNNLSTM), CuDNNGRU
     x = keras.layers.Bidirectional(
         keras.layers.LSTM(64, return_sequences=True))(inputs)
     x = keras.layers.GRU(32)(x)
@@ -465,7 +350,6 @@ def load_legacy_cudnn_h5(filepath, model):
                     "GRU(reset_after=True))."
                 )
             assignments.append((variable, value))
-    # Assign only once everything has been checked, so a failure leaves the
-    # model untouched.
+    # Assign only after every check, so a failure leaves the model untouched.
     for variable, value in assignments:
         variable.assign(value)

@@ -1,13 +1,8 @@
 """Where a converted model's layers see masks its original did not.
 
-Since Keras 3.16 Keras' `RNN`, `Bidirectional` and `TimeDistributed` layers
-still read the mask they are given but no longer pass it on: in a stack of
-Keras RNNs the second RNN, and the loss after the last one, see no mask.
-`MaskedBidirectional` and `MaskedRNN` pass the mask on, as Keras up to 3.15
-did. So `convert_model` of such a stack gives, on Keras 3.16, the masked
-semantics the model had on Keras 3.15, and predictions that differ from the
-original model run by Keras 3.16. `mask_changes` finds those places by
-comparing the masks of the two models' symbolic graphs, node by node.
+Since Keras 3.16 Keras' RNN wrappers read a mask but no longer pass it on;
+maskedrnn's layers still do, as Keras up to 3.15. `mask_changes` finds the
+places where that changes what a converted model computes.
 """
 
 import inspect
@@ -18,9 +13,10 @@ from maskedrnn._keras_private import get_keras_mask
 
 
 def _carries_mask(tensor):
-    """Whether the symbolic `tensor` carries a mask when the model runs. A
-    nested model's output carries the mask of the inner output it returns
-    (Keras passes it on at run time, though not on the symbolic tensor)."""
+    """Whether the symbolic `tensor` carries a mask when the model runs.
+
+    A nested model's output carries its inner output's mask at run time only.
+    """
     if get_keras_mask(tensor) is not None:
         return True
     history = getattr(tensor, "_keras_history", None)
@@ -31,10 +27,10 @@ def _carries_mask(tensor):
 
 
 def _has_mask(node):
-    """Whether the layer call recorded in `node` got a mask: its `mask`
-    argument, else the mask of its input, which Keras hands on only to a
-    layer called with one tensor argument (not, e.g., with a positional
-    `initial_state`)."""
+    """Whether the layer call in `node` got a mask.
+
+    Keras hands an input's mask on only to a call with one tensor argument.
+    """
     if node.arguments.kwargs.get("mask") is not None:
         return True
     values = list(node.arguments.args) + list(node.arguments.kwargs.values())
@@ -54,8 +50,7 @@ def _reads_mask(layer):
 
 
 def _layers(model):
-    """`{name: layer}` of the layers of `model` and of the models nested in
-    it (not the layers inside other layers, e.g. a MaskedRNN's own RNN)."""
+    """`{name: layer}` of `model` and the models nested in it."""
     found = {}
     for layer in model.layers:
         found[layer.name] = layer

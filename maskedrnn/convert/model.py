@@ -1,24 +1,16 @@
-"""The one-line upgrade: swap `keras.layers.Bidirectional` for `MaskedBidirectional`.
+"""The one-line upgrade: swap Keras' RNN layers for maskedrnn's in a model.
 
-`convert_model(model)` returns a new Sequential or Functional model in which
-every `keras.layers.Bidirectional` around a Keras RNN layer is a
-`maskedrnn.MaskedBidirectional` with the same configuration, name and
-weights; every other layer is a copy of the original (same config and
-weights). Given the same inputs (and so the same Keras masks) the new model
-computes what the old one computes, but its inner RNNs run without a mask,
-so Keras can use its fused cuDNN kernels on GPU.
-
-`bidirectional_to_masked(layer)` does the same for a single layer.
+`convert_model(model)` rebuilds a Sequential or Functional model with
+`MaskedBidirectional` and `MaskedRNN` layers; `bidirectional_to_masked(layer)`
+converts one layer.
 """
 
 import warnings
 
 import keras
 
-# `Functional` (private, see `maskedrnn._keras_private`) is the class of models
-# made with `keras.Model(inputs, outputs)`. `Layer._flatten_layers`, a private
-# method, lists a layer's sublayers (to find RNNs hidden inside a layer that is
-# copied as a whole).
+# Private Keras API: `Functional` (see `maskedrnn._keras_private`) and
+# `Layer._flatten_layers`, to find RNNs inside layers copied as a whole.
 from maskedrnn._keras_private import Functional
 from maskedrnn.convert import masks
 from maskedrnn.convert.select import selector
@@ -26,8 +18,7 @@ from maskedrnn.layers import MaskedBidirectional, MaskedRNN
 
 __all__ = ["bidirectional_to_masked", "convert_model"]
 
-# The plain RNN layers convert_model upgrades to MaskedRNN: those with a fused
-# kernel to keep (`keras.layers.RNN(cell)` has none and is copied as it is).
+# Layers with a fused kernel to keep; `keras.layers.RNN(cell)` has none.
 _PLAIN_RNNS = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
 # Layers whose sublayers are RNNs by design, not layers left unconverted.
 _RNN_WRAPPERS = (keras.layers.Bidirectional, MaskedBidirectional, MaskedRNN)
@@ -46,10 +37,7 @@ _SUBCLASSED_HOWTO = (
 
 
 def _unconvertible_reason(layer):
-    """Why `layer` (a `Bidirectional`) cannot become a `MaskedBidirectional`.
-
-    Returns `None` when it can.
-    """
+    """Why a `Bidirectional` cannot become a `MaskedBidirectional`, or None."""
     if type(layer) is not keras.layers.Bidirectional:
         return (
             f"it is a subclass of Bidirectional ({type(layer).__name__}), "
@@ -76,10 +64,7 @@ def _unconvertible_reason(layer):
 
 
 def _rnn_unconvertible_reason(layer):
-    """Why a plain `LSTM`/`GRU`/`SimpleRNN` cannot become a `MaskedRNN`.
-
-    Returns `None` when it can.
-    """
+    """Why a plain `LSTM`/`GRU`/`SimpleRNN` cannot become a `MaskedRNN`, or None."""
     if type(layer) not in _PLAIN_RNNS:
         return (
             f"it is a subclass ({type(layer).__name__}) of a Keras RNN layer, "
@@ -91,8 +76,7 @@ def _rnn_unconvertible_reason(layer):
 
 
 def _masked_from_rnn(layer):
-    """An unbuilt `MaskedRNN` around a copy of `layer` (config and
-    `use_cudnn`), with its name, dtype and `trainable`."""
+    """An unbuilt `MaskedRNN` around a copy of `layer`, with its name and dtype."""
     return MaskedRNN(
         _plain_copy(layer),
         name=layer.name,
@@ -102,9 +86,7 @@ def _masked_from_rnn(layer):
 
 
 def _rnn_from_masked(layer):
-    """The plain RNN layer a `MaskedRNN` stands for (inverse of
-    `_masked_from_rnn`), from the public config `MaskedRNN.get_config()`
-    gives its inner layer (`return_sequences`, `go_backwards`, ... as given)."""
+    """The plain RNN layer a `MaskedRNN` stands for (inverse of `_masked_from_rnn`)."""
     config = layer.get_config()["layer"]
     config["config"]["name"] = layer.name
     config["config"]["trainable"] = layer.trainable
@@ -115,8 +97,7 @@ def _rnn_from_masked(layer):
 
 
 def _lengths_to_mask(inputs, lengths):
-    # `lengths` means right-padded rows of `lengths[i]` valid steps:
-    # mask[i, t] = t + 1 <= lengths[i] (time may be unknown here).
+    # Built with cumsum because the time dimension may be unknown here.
     ones = keras.ops.ones_like(inputs[:, :, 0], dtype="int32")
     positions = keras.ops.cumsum(ones, axis=1)
     lengths = keras.ops.expand_dims(keras.ops.cast(lengths, "int32"), -1)
@@ -137,8 +118,7 @@ def _masked_from_bidirectional(layer):
     base = layer.get_config()
     for key in ("layer", "backward_layer", "merge_mode"):
         base.pop(key, None)
-    # The inner layers are passed as objects: MaskedBidirectional copies their
-    # configs and their `use_cudnn` (as Bidirectional does).
+    # Passed as objects so that their `use_cudnn` is copied too.
     return MaskedBidirectional(
         layer.forward_layer,
         merge_mode=layer.merge_mode,
@@ -167,26 +147,19 @@ def _sequences_shape(layer):
 def bidirectional_to_masked(layer):
     """Returns a `MaskedBidirectional` equivalent to a `Bidirectional` layer.
 
-    The new layer has the configuration (inner RNN layers, `merge_mode`,
-    `name`, `dtype`, `trainable`, the inner layers' `use_cudnn`) of `layer`.
-    If `layer` is built, the new layer is built for the same input shape and
-    holds a copy of its weights (not shared: training one does not change
-    the other); otherwise it is unbuilt. Called with the same inputs and mask
-    it returns the same outputs and states as `layer`.
+    Same configuration; if `layer` is built, built for the same input shape
+    with a copy of its weights. Same outputs and states for the same mask.
 
     Args:
-        layer: A `keras.layers.Bidirectional` instance wrapping a
-            `keras.layers.RNN` layer (`LSTM`, `GRU`, `SimpleRNN`, `RNN(cell)`)
-            that is not stateful and whose wrapped layer has
-            `go_backwards=False`.
+        layer: A `keras.layers.Bidirectional` around a `keras.layers.RNN`
+            that is not stateful and has `go_backwards=False`.
 
     Returns:
         A `maskedrnn.MaskedBidirectional` instance.
 
     Raises:
         TypeError: If `layer` is not a `keras.layers.Bidirectional`.
-        ValueError: If `layer` cannot be expressed as a `MaskedBidirectional`
-            (see `Args`); the message says why.
+        ValueError: If `layer` cannot be expressed as one; the message says why.
 
     Example:
 
@@ -224,18 +197,14 @@ def bidirectional_to_masked(layer):
 
 
 def _bidirectional_from_masked(layer):
-    """An unbuilt `keras.layers.Bidirectional` with `layer`'s configuration
-    (the inverse of `_masked_from_bidirectional`). From the config, whose
-    `backward_layer` has `go_backwards=True` as Bidirectional requires (the
-    layer's own backward RNN reads a sequence it reversed itself)."""
+    """An unbuilt `Bidirectional` with `layer`'s configuration."""
     new = keras.layers.Bidirectional.from_config(layer.get_config())
     _copy_use_cudnn(layer, new)
     return new
 
 
 class _ToMasked:
-    """What `convert_model` swaps: `Bidirectional` -> `MaskedBidirectional`,
-    plain `LSTM`/`GRU`/`SimpleRNN` -> `MaskedRNN`."""
+    """`convert_model`'s swap: `Bidirectional` and plain RNNs to maskedrnn's."""
 
     source = (keras.layers.Bidirectional, *_PLAIN_RNNS)
 
@@ -253,17 +222,13 @@ class _ToMasked:
 
     @staticmethod
     def call(layer, *args, **kwargs):
-        # Bidirectional/RNN.call(sequences, initial_state, mask, training):
-        # the masked layers take the same arguments in the same order.
         if "sequences" in kwargs:
             args = (kwargs.pop("sequences"),) + args
         return layer(*args, **kwargs)
 
 
 class _ToKeras:
-    """The inverse swap, `MaskedBidirectional` -> `Bidirectional` and
-    `MaskedRNN` -> its plain RNN, used by `maskedrnn.load_weights` to rebuild
-    the model a checkpoint came from."""
+    """The inverse swap, used by `load_weights` to rebuild a checkpoint's model."""
 
     source = (MaskedBidirectional, MaskedRNN)
 
@@ -279,8 +244,7 @@ class _ToKeras:
 
     @staticmethod
     def call(layer, *args, **kwargs):
-        # The masked layers' call(inputs, initial_state, mask, training,
-        # lengths) is Keras' but for `lengths`, which becomes the mask.
+        # Keras' layers have no `lengths`: it becomes the mask.
         args = list(args)
         if "inputs" in kwargs:
             args.insert(0, kwargs.pop("inputs"))
@@ -295,8 +259,7 @@ class _ToKeras:
 
 
 def _inner_sources(layer, source):
-    """The `source` layers inside `layer` (a layer copied as a whole), not
-    counting the RNNs that Bidirectional-style wrappers hold by design."""
+    """The `source` layers inside a layer copied as a whole, wrappers' RNNs aside."""
     found = []
     for inner in layer._flatten_layers(include_self=False, recursive=False):
         if isinstance(inner, source):
@@ -309,13 +272,8 @@ def _inner_sources(layer, source):
 class _Converter:
     """Rebuilds a Sequential/Functional model, swapping wrapper layers.
 
-    One instance converts one top-level model: `clone` is handed to
-    `keras.models.clone_model` for every layer, at every nesting level, so
-    that a layer shared between a nested model and its parent stays shared.
-    `direction` (`_ToMasked` or `_ToKeras`) says which layers are swapped
-    and how they are called. With `compile=True` the compile state of every
-    compiled (nested) model is carried over when Keras can rebuild it from
-    its config; `compile_errors` lists those it could not.
+    One instance per top-level model, so that a layer shared between a nested
+    model and its parent stays shared.
     """
 
     def __init__(self, direction=_ToMasked, compile=True, select=None):
@@ -329,9 +287,8 @@ class _Converter:
         self.compile_errors = []  # (model name, error) for compile states lost
 
     def convert(self, model):
-        # `clone_model` would compile the copy from `get_compile_config()`,
-        # which raises for an unregistered loss or metric function ("Could not
-        # locate function ..."). Clone without it, then compile here.
+        # clone_model's own compile raises for an unregistered loss function;
+        # compile here instead, so that failure only warns.
         compiled = model.compiled
         model.compiled = False
         try:
@@ -343,8 +300,8 @@ class _Converter:
                 )
         finally:
             model.compiled = compiled
-        # `clone_model` keeps a Sequential's `trainable` but not a Functional's.
-        # (Only False is copied: setting it also sets every sublayer's flag.)
+        # clone_model drops a Functional's `trainable`; only False is copied,
+        # since setting it also sets every sublayer's flag.
         if not model.trainable:
             new.trainable = False
         if compiled and self.compile:
@@ -354,11 +311,9 @@ class _Converter:
     def compile_like(self, model, new):
         config = model.get_compile_config()
         try:
-            # What `clone_model` does: a fresh optimizer from the config.
             new.compile_from_config(config)
         except (TypeError, ValueError) as error:
-            # Typically an unregistered function as loss or metric. The
-            # architecture and weights are converted anyway.
+            # Typically an unregistered loss; the weights convert anyway.
             self.compile_errors.append((model.name, error))
 
     def clone(self, layer):
@@ -379,8 +334,7 @@ class _Converter:
                 new = _plain_copy(layer)
             self.leaves.append((layer, new))
         elif not isinstance(layer, keras.layers.Layer):
-            # An operation of the graph (e.g. `keras.ops.not_equal` applied to
-            # a symbolic tensor): no weights, no sublayers.
+            # A graph operation (e.g. `keras.ops.not_equal`): no weights.
             new = _plain_copy(layer)
         else:
             for inner in _inner_sources(layer, source):
@@ -421,76 +375,34 @@ class _Converter:
 def convert_model(model, strict=False, only=None, exclude=None):
     """The one-line upgrade: masked RNNs that keep their fused kernels.
 
-    Returns a new model in which every `keras.layers.Bidirectional` around a
-    Keras RNN layer is a `maskedrnn.MaskedBidirectional`, and every plain
-    `keras.layers.LSTM`, `GRU` and `SimpleRNN` (outside a `Bidirectional`)
-    is a `maskedrnn.MaskedRNN`, with the same configuration
-    (`return_sequences`, `return_state`, `go_backwards`, `merge_mode`, ...),
-    the same name and a copy of its weights. Every other layer is copied
-    from its config and given a copy of its weights, as by
-    `keras.models.clone_model`. Sequential and Functional models nested in
-    the model (used as layers) are converted too. The original model is not
-    changed and shares no weights with the result.
-
-    Fed the same inputs, the new model returns the same predictions as the
-    original (whose RNN layers see the Keras masks of
-    `Embedding(mask_zero=True)`, `Masking`, ...): the maskedrnn layers give
-    the same outputs and states for any mask, while the RNNs inside them
-    run unmasked (fused cuDNN kernels on GPU, PyTorch's kernels on torch
-    CPU). One exception: since Keras 3.16 Keras' RNN layers no longer pass
-    masks on, maskedrnn's do (as Keras up to 3.15), so in a stack of RNNs
-    the new model keeps the masked semantics Keras 3.15 gave the original;
-    a warning then names the layers and outputs that now see a mask
-    (`maskedrnn.convert.masks`). A checkpoint saved from the original model
-    loads into the new one with `maskedrnn.load_weights`.
-
-    If the model was compiled, the new model is compiled from
-    `model.get_compile_config()` (a fresh optimizer), as
-    `keras.models.clone_model` does. When Keras cannot rebuild that
-    configuration, typically because the loss or a metric is a plain Python
-    function that is not registered ("Could not locate function 'CTCLoss'"),
-    the architecture and weights are converted anyway, the new model is left
-    uncompiled, and a warning says so: compile it yourself with the
-    arguments you gave the original (`new_model.compile(optimizer="adam",
-    loss=CTCLoss)`), or decorate the function with
-    `@keras.saving.register_keras_serializable()` before converting, so the
-    compile state is carried over.
-
-    A layer the maskedrnn layers cannot express is kept as it is, with a
-    warning naming it: a stateful RNN; a subclass of `Bidirectional`,
-    `LSTM`, `GRU` or `SimpleRNN`; a `Bidirectional` whose wrapped layer is
-    not a `keras.layers.RNN` or has `go_backwards=True`; or one inside a
-    layer that is copied as a whole (a custom layer, a subclassed model
-    nested in the model). `keras.layers.RNN(cell)` layers have no fused
-    kernel to keep and are copied as they are.
+    Returns a copy of `model` in which every `Bidirectional` around an RNN is a
+    `MaskedBidirectional` and every plain `LSTM`, `GRU` and `SimpleRNN` a
+    `MaskedRNN`, with the same configuration, names and weights; nested
+    Sequential/Functional models are converted too. Fed the same inputs, it
+    returns the same predictions (on Keras >= 3.16, which stops passing RNN
+    masks on, a warning names the layers that now see one). Layers that cannot
+    be expressed (stateful, subclasses, `go_backwards=True`, inside a layer
+    copied whole) are kept, with a warning. A compiled model is compiled again
+    from its config, or left uncompiled with a warning (see `docs/convert.md`).
 
     Args:
         model: A built `keras.Sequential` or Functional `keras.Model`.
-            Subclassed models (subclasses of `keras.Model` with their own
-            `call`) are refused with a `ValueError` that explains how to
-            swap their layers by hand.
-        strict: Boolean. If `True`, a layer that cannot be converted raises
-            a `ValueError` (listing every such layer) instead of a warning.
-            Defaults to `False`.
-        only: Optional layer name, layer class, or list of them (default
-            `None`: every layer). Only matching layers are converted: a name
-            matches that layer (at any nesting level), a class every layer
-            that is an instance of it; e.g. `only=keras.layers.Bidirectional`
-            upgrades the Bidirectional layers and leaves plain RNNs as they
-            are (a class matches the layer itself, so `keras.layers.LSTM`
-            does not select a `Bidirectional(LSTM(...))`).
-        exclude: Optional layer name, layer class, or list of them (default
-            `None`). Matching layers are kept as they are, silently.
+        strict: Bool; if `True`, a layer that cannot be converted raises
+            instead of warning. Defaults to `False`.
+        only: Optional layer name, layer class, or list of them: only those
+            layers are converted (a class matches the layer itself, not the
+            RNN inside a `Bidirectional`). Defaults to `None` (all).
+        exclude: Optional layer name, layer class, or list of them to keep as
+            they are. Defaults to `None`.
 
     Returns:
-        A new model of the same kind (Sequential or Functional).
+        A new model of the same kind, sharing no weights with `model`.
 
     Raises:
-        TypeError: If `model` is not a `keras.Model`, or `only`/`exclude`
-            hold something other than layer names and layer classes.
-        ValueError: If `model` is a subclassed model, if `only`/`exclude`
-            name a layer the model does not have, or with `strict=True` if
-            some layer cannot be converted.
+        TypeError: If `model` is not a `keras.Model`, or `only`/`exclude` hold
+            something other than layer names and classes.
+        ValueError: If `model` is subclassed, `only`/`exclude` name a missing
+            layer, or `strict=True` and a layer cannot be converted.
 
     Example:
 

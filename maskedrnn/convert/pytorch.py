@@ -1,9 +1,5 @@
 """PyTorch `nn.LSTM` / `nn.GRU` / `nn.RNN` weights and state dicts.
 
-PyTorch keeps, per layer `k` and direction (suffix `_reverse`),
-`weight_ih_l{k} (G*H, D_k)`, `weight_hh_l{k} (G*H, H)`, `bias_ih_l{k}`,
-`bias_hh_l{k} (G*H,)`, gate row blocks i, f, g, o (LSTM, G=4) or r, z, n
-(GRU, G=3); `nn.RNN` has one block (G=1) and no gates.
 Pure numpy: pass CPU tensors or arrays; torch is never imported here.
 """
 
@@ -76,9 +72,7 @@ def _torch_arrays(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
 
 
 def _torch_summed_to_keras(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module):
-    """One direction of a PyTorch layout whose gate blocks are in Keras'
-    order and whose two biases Keras keeps as their sum (`nn.LSTM`,
-    `nn.RNN`): `[kernel, recurrent_kernel(, bias)]`."""
+    """One `nn.LSTM` / `nn.RNN` direction to Keras, the two biases summed."""
     weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
         weight_ih, weight_hh, bias_ih, bias_hh, n_gates, module
     )
@@ -91,8 +85,7 @@ def _torch_summed_to_keras(weight_ih, weight_hh, bias_ih, bias_hh, n_gates, modu
 
 
 def _keras_summed_to_torch(weights, n_gates, layer_name, validate):
-    """The inverse of `_torch_summed_to_keras` (`validate`: the Keras weight
-    check of `layer_name` with a bias), the whole bias in `bias_ih`."""
+    """Inverse of `_torch_summed_to_keras`, the whole bias in `bias_ih`."""
     if isinstance(weights, (list, tuple)) and len(weights) == 2:
         kernel, recurrent_kernel = _keras_without_bias(weights, n_gates, layer_name)
         return [
@@ -100,7 +93,6 @@ def _keras_summed_to_torch(weights, n_gates, layer_name, validate):
             np.ascontiguousarray(recurrent_kernel.T),
         ]
     kernel, recurrent_kernel, bias, _, _ = validate(weights)
-    # Same gate order; transpose to (G*H, in).
     return [
         np.ascontiguousarray(kernel.T),
         np.ascontiguousarray(recurrent_kernel.T),
@@ -112,21 +104,15 @@ def _keras_summed_to_torch(weights, n_gates, layer_name, validate):
 def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """Converts one direction of one `torch.nn.LSTM` layer to Keras.
 
-    PyTorch stores `weight_ih_l{k}` `(4H, D)` and `weight_hh_l{k}`
-    `(4H, H)` with gate row blocks in order i, f, g(=c), o (the Keras
-    order), and two biases `bias_ih_l{k}`, `bias_hh_l{k}` `(4H,)`.
-
     Args:
-        weight_ih: array `(4H, D)`.
-        weight_hh: array `(4H, H)`.
-        bias_ih: array `(4H,)` or `None` (default) for `bias=False`.
-        bias_hh: array `(4H,)` or `None` (default) for `bias=False`.
+        weight_ih: Array `(4H, D)`, gate row blocks i, f, g, o.
+        weight_hh: Array `(4H, H)`.
+        bias_ih: Array `(4H,)`, or `None` for `bias=False`.
+        bias_hh: Array `(4H,)`, or `None` for `bias=False`.
 
     Returns:
-        `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]` for
-        `keras.layers.LSTM(H)` (`bias = bias_ih + bias_hh`), or
-        `[kernel, recurrent_kernel]` for `LSTM(H, use_bias=False)` when the
-        biases are `None`.
+        `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]` of
+        `keras.layers.LSTM(H)`, `bias = bias_ih + bias_hh` (none without).
 
     Example:
 
@@ -135,7 +121,6 @@ def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     >>> [a.shape for a in w], float(w[2][0])
     ([(3, 8), (2, 8), (8,)], 2.0)
     """
-    # Gate order i, f, g(=c), o in both.
     return _torch_summed_to_keras(
         weight_ih, weight_hh, bias_ih, bias_hh, LSTM_GATES, "nn.LSTM"
     )
@@ -144,47 +129,28 @@ def torch_lstm_to_lstm(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
 def lstm_to_torch_lstm(weights):
     """Converts `keras.layers.LSTM` weights to one `torch.nn.LSTM` direction.
 
-    Inverse of `torch_lstm_to_lstm` up to the bias split: the whole Keras
-    bias goes into `bias_ih` and `bias_hh` is zeros (only the sum matters).
-
     Args:
-        weights: `[kernel (D, 4H), recurrent_kernel (H, 4H), bias (4H,)]`
-            of `keras.layers.LSTM(H)`, or `[kernel, recurrent_kernel]` of
-            `LSTM(H, use_bias=False)`.
+        weights: `[kernel (D, 4H), recurrent_kernel (H, 4H)(, bias (4H,))]`.
 
     Returns:
-        `[weight_ih (4H, D), weight_hh (4H, H), bias_ih (4H,),
-        bias_hh (4H,)]`, or the two weights only without bias.
-
-    Example:
-
-    >>> t = lstm_to_torch_lstm([np.ones((3, 8)), np.ones((2, 8)), np.ones(8)])
-    >>> [a.shape for a in t], float(t[3][0])
-    ([(8, 3), (8, 2), (8,), (8,)], 0.0)
+        `[weight_ih (4H, D), weight_hh (4H, H)(, bias_ih (4H,), bias_hh)]`:
+        the whole bias in `bias_ih`, zeros in `bias_hh`.
     """
-    # Gate order i, f, c(g), o in both.
     return _keras_summed_to_torch(weights, LSTM_GATES, "LSTM", _keras_lstm)
 
 
 def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
-    """Converts one direction of one `torch.nn.GRU` layer to Keras.
-
-    PyTorch stores `weight_ih_l{k}` `(3H, D)`, `weight_hh_l{k}` `(3H, H)`
-    and biases `(3H,)` with gate blocks in order r, z, n, and computes
-    `n = tanh(W_in x + b_in + r * (W_hn h + b_hn))`,
-    `h' = (1 - z) * n + z * h`: Keras' `GRU(reset_after=True)`.
+    """Converts one direction of one `torch.nn.GRU` layer to Keras, exactly.
 
     Args:
-        weight_ih: array `(3H, D)`.
-        weight_hh: array `(3H, H)`.
-        bias_ih: array `(3H,)` or `None` (default) for `bias=False`.
-        bias_hh: array `(3H,)` or `None` (default) for `bias=False`.
+        weight_ih: Array `(3H, D)`, gate row blocks r, z, n.
+        weight_hh: Array `(3H, H)`.
+        bias_ih: Array `(3H,)`, or `None` for `bias=False`.
+        bias_hh: Array `(3H,)`, or `None` for `bias=False`.
 
     Returns:
-        `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]` for
-        `keras.layers.GRU(H, reset_after=True)`, gates reordered to
-        z, r, h (`bias[0]` from `bias_ih`, `bias[1]` from `bias_hh`), or
-        `[kernel, recurrent_kernel]` for `use_bias=False`. Exact.
+        `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]` of
+        `keras.layers.GRU(H, reset_after=True)`, gates z, r, h.
 
     Example:
 
@@ -196,53 +162,34 @@ def torch_gru_to_gru(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     weight_ih, weight_hh, bias_ih, bias_hh = _torch_arrays(
         weight_ih, weight_hh, bias_ih, bias_hh, GRU_GATES, "nn.GRU"
     )
-    # weight_ih (3H, D), weight_hh (3H, H): row blocks r, z, n -> z, r, h,
-    # then transpose to Keras' (D, 3H) / (H, 3H) column blocks.
     kernel = np.ascontiguousarray(swap_gru_zr(weight_ih, axis=0).T)
     recurrent_kernel = np.ascontiguousarray(swap_gru_zr(weight_hh, axis=0).T)
     if bias_ih is None:
         return [kernel, recurrent_kernel]
-    # bias_ih, bias_hh (3H,) r, z, n -> Keras bias (2, 3H) = [input; recurrent],
-    # blocks z, r, h.
     bias = np.stack([swap_gru_zr(bias_ih), swap_gru_zr(bias_hh)])
     return [kernel, recurrent_kernel, bias]
 
 
 def gru_to_torch_gru(weights):
-    """Converts `keras.layers.GRU(reset_after=True)` weights to `nn.GRU`.
-
-    Inverse of `torch_gru_to_gru`. Exact.
+    """Converts `keras.layers.GRU(reset_after=True)` weights to `nn.GRU`, exactly.
 
     Args:
-        weights: `[kernel (D, 3H), recurrent_kernel (H, 3H), bias (2, 3H)]`
-            of `keras.layers.GRU(H, reset_after=True)`, or
-            `[kernel, recurrent_kernel]` of `GRU(H, use_bias=False)`.
+        weights: `[kernel (D, 3H), recurrent_kernel (H, 3H)(, bias (2, 3H))]`.
 
     Returns:
-        `[weight_ih (3H, D), weight_hh (3H, H), bias_ih (3H,),
-        bias_hh (3H,)]` (gate order r, z, n), or the two weights only.
-
-    Example:
-
-    >>> t = gru_to_torch_gru([np.ones((3, 6)), np.ones((2, 6)),
-    ...                       np.arange(12.0).reshape(2, 6)])
-    >>> t[2]
-    array([2., 3., 0., 1., 4., 5.])
+        `[weight_ih (3H, D), weight_hh (3H, H)(, bias_ih (3H,), bias_hh)]`,
+        gates r, z, n.
     """
     if isinstance(weights, (list, tuple)) and len(weights) == 2:
         kernel, recurrent_kernel = _keras_without_bias(weights, GRU_GATES, "GRU")
     else:
         kernel, recurrent_kernel, bias, _, _ = _keras_gru(weights)
-    # kernel (D, 3H), recurrent_kernel (H, 3H): column blocks z, r, h ->
-    # r, z, h, then transpose to PyTorch's (3H, D) / (3H, H) row blocks r, z, n.
     torch_weights = [
         np.ascontiguousarray(swap_gru_zr(kernel).T),
         np.ascontiguousarray(swap_gru_zr(recurrent_kernel).T),
     ]
     if len(weights) == 2:
         return torch_weights
-    # bias (2, 3H) = [input; recurrent], blocks z, r, h -> bias_ih, bias_hh
-    # (3H,), blocks r, z, n.
     bias_ih, bias_hh = swap_gru_zr(bias)
     return torch_weights + [bias_ih, bias_hh]
 
@@ -250,71 +197,41 @@ def gru_to_torch_gru(weights):
 def torch_rnn_to_simple_rnn(weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """Converts one direction of one `torch.nn.RNN` layer to Keras.
 
-    PyTorch stores `weight_ih_l{k}` `(H, D)`, `weight_hh_l{k}` `(H, H)` and
-    two biases `bias_ih_l{k}`, `bias_hh_l{k}` `(H,)`, and computes
-    `h' = act(W_ih x + b_ih + W_hh h + b_hh)`: Keras' `SimpleRNN`. The
-    activation is not in the weights: `nn.RNN(nonlinearity="tanh")` (the
-    default) is `SimpleRNN(H)`, `nonlinearity="relu"` is
-    `SimpleRNN(H, activation="relu")`.
+    Build `SimpleRNN(H, activation="relu")` for `nonlinearity="relu"`.
 
     Args:
-        weight_ih: array `(H, D)`.
-        weight_hh: array `(H, H)`.
-        bias_ih: array `(H,)` or `None` (default) for `bias=False`.
-        bias_hh: array `(H,)` or `None` (default) for `bias=False`.
+        weight_ih: Array `(H, D)`.
+        weight_hh: Array `(H, H)`.
+        bias_ih: Array `(H,)`, or `None` for `bias=False`.
+        bias_hh: Array `(H,)`, or `None` for `bias=False`.
 
     Returns:
-        `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` for
-        `keras.layers.SimpleRNN(H)` (`bias = bias_ih + bias_hh`), or
-        `[kernel, recurrent_kernel]` for `SimpleRNN(H, use_bias=False)` when
-        the biases are `None`.
-
-    Example:
-
-    >>> w = torch_rnn_to_simple_rnn(np.ones((2, 3)), np.eye(2),
-    ...                             np.ones(2), np.ones(2))
-    >>> [a.shape for a in w], float(w[2][0])
-    ([(3, 2), (2, 2), (2,)], 2.0)
+        `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` of
+        `keras.layers.SimpleRNN(H)`, `bias = bias_ih + bias_hh` (none without).
     """
-    # One block, nothing to reorder.
     return _torch_summed_to_keras(
         weight_ih, weight_hh, bias_ih, bias_hh, SIMPLE_RNN_GATES, "nn.RNN"
     )
 
 
 def simple_rnn_to_torch_rnn(weights):
-    """Converts `keras.layers.SimpleRNN` weights to one `torch.nn.RNN`
-    direction.
+    """Converts `keras.layers.SimpleRNN` weights to one `torch.nn.RNN` direction.
 
-    Inverse of `torch_rnn_to_simple_rnn` up to the bias split: the whole
-    Keras bias goes into `bias_ih` and `bias_hh` is zeros (only the sum
-    matters). Give the module the layer's activation:
-    `nn.RNN(..., nonlinearity="tanh")` for `SimpleRNN`'s default `"tanh"`,
-    `"relu"` for `activation="relu"` (PyTorch has no other).
+    Give the module the layer's activation as `nonlinearity`.
 
     Args:
-        weights: `[kernel (D, H), recurrent_kernel (H, H), bias (H,)]` of
-            `keras.layers.SimpleRNN(H)`, or `[kernel, recurrent_kernel]` of
-            `SimpleRNN(H, use_bias=False)`.
+        weights: `[kernel (D, H), recurrent_kernel (H, H)(, bias (H,))]`.
 
     Returns:
-        `[weight_ih (H, D), weight_hh (H, H), bias_ih (H,), bias_hh (H,)]`,
-        or the two weights only without bias.
-
-    Example:
-
-    >>> t = simple_rnn_to_torch_rnn([np.ones((3, 2)), np.eye(2), np.ones(2)])
-    >>> [a.shape for a in t], float(t[3][0])
-    ([(2, 3), (2, 2), (2,), (2,)], 0.0)
+        `[weight_ih (H, D), weight_hh (H, H)(, bias_ih (H,), bias_hh)]`: the
+        whole bias in `bias_ih`, zeros in `bias_hh`.
     """
-    # One block, nothing to reorder.
     return _keras_summed_to_torch(
         weights, SIMPLE_RNN_GATES, "SimpleRNN", _keras_simple_rnn
     )
 
 
-# Per number of blocks G of `weight_hh (G*H, H)`: the converters of one
-# direction, (PyTorch -> Keras, Keras -> PyTorch).
+# Gate count -> (PyTorch -> Keras, Keras -> PyTorch) of one direction.
 _CONVERTERS = {
     LSTM_GATES: (torch_lstm_to_lstm, lstm_to_torch_lstm),
     GRU_GATES: (torch_gru_to_gru, gru_to_torch_gru),
@@ -323,38 +240,22 @@ _CONVERTERS = {
 
 
 def torch_state_dict_to_keras(state_dict, prefix=""):
-    """Converts a `torch.nn.LSTM` / `nn.GRU` / `nn.RNN` `state_dict()` to
-    Keras weights.
-
-    Reads `{prefix}weight_ih_l{k}`, `weight_hh_l{k}`, `bias_ih_l{k}`,
-    `bias_hh_l{k}` and, for `bidirectional=True`, the same keys with the
-    suffix `_reverse`, for every layer `k`. The module type is read from the
-    shapes (`weight_hh` is `(4H, H)` for LSTM, `(3H, H)` for GRU, `(H, H)`
-    for RNN); each direction goes through `torch_lstm_to_lstm` /
-    `torch_gru_to_gru` / `torch_rnn_to_simple_rnn`. An `nn.RNN`'s
-    `nonlinearity` is not in its state dict: build `SimpleRNN(H,
-    activation="relu")` for `nonlinearity="relu"`.
+    """Converts an `nn.LSTM` / `nn.GRU` / `nn.RNN` `state_dict()` to Keras weights.
 
     Args:
-        state_dict: mapping from names to arrays or CPU tensors, e.g.
-            `module.state_dict()`.
-        prefix: string (default `""`) prepended to every key, e.g.
-            `"encoder.rnn."` for a submodule of a larger model's state dict.
+        state_dict: Mapping from names to arrays or CPU tensors.
+        prefix: String before every key, e.g. `"encoder.rnn."`. Defaults to
+            `""`.
 
     Returns:
-        List with one entry per layer: the Keras weights of `LSTM(H)` /
-        `GRU(H, reset_after=True)` / `SimpleRNN(H)`, or, for a bidirectional
-        module, of
-        `keras.layers.Bidirectional(..., merge_mode="concat")` /
-        `maskedrnn.MaskedBidirectional` (forward then backward). Stacking
-        these layers (`return_sequences=True` below the top) reproduces the
-        module.
+        One entry per layer: the weights of `LSTM(H)` / `GRU(H,
+        reset_after=True)` / `SimpleRNN(H)`, or of a bidirectional wrapper
+        around one (forward, then backward).
 
     Example:
 
     ```python
-    rnn = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True,
-                        batch_first=True)
+    rnn = torch.nn.LSTM(8, 16, num_layers=2, bidirectional=True)
     weights = maskedrnn.convert.torch_state_dict_to_keras(rnn.state_dict())
     layer0 = keras.layers.Bidirectional(
         keras.layers.LSTM(16, return_sequences=True))
@@ -408,31 +309,16 @@ def torch_state_dict_to_keras(state_dict, prefix=""):
 
 
 def keras_to_torch_state_dict(layers_weights, prefix=""):
-    """Converts stacked Keras LSTM/GRU/SimpleRNN weights to a `nn.LSTM` /
-    `nn.GRU` / `nn.RNN` state dict.
-
-    Inverse of `torch_state_dict_to_keras` (LSTM and SimpleRNN biases: the
-    Keras bias goes into `bias_ih`, zeros into `bias_hh`; see
-    `lstm_to_torch_lstm`).
+    """Converts stacked Keras LSTM/GRU/SimpleRNN weights to a PyTorch state dict.
 
     Args:
-        layers_weights: list with one entry per layer: the weights of a
-            `keras.layers.LSTM` / `GRU(reset_after=True)` / `SimpleRNN` (3
-            arrays, or 2 with `use_bias=False`), or of a
-            `Bidirectional(..., merge_mode=
-            "concat")` / `MaskedBidirectional` around one (6, or 4). All
-            layers must have the same type, direction count and bias use.
-            For a single layer pass `[layer.get_weights()]`.
-        prefix: string (default `""`) prepended to every key.
+        layers_weights: One entry per layer: the weights of an `LSTM` /
+            `GRU(reset_after=True)` / `SimpleRNN`, or of a bidirectional wrapper
+            around one; all of the same type, direction count and bias use.
+        prefix: String before every key. Defaults to `""`.
 
     Returns:
-        Dict from `state_dict` keys (`weight_ih_l0`, ..., `bias_hh_l{k}_reverse`)
-        to numpy arrays. Load it with
-        `module.load_state_dict({k: torch.from_numpy(v) for k, v in d.items()})`
-        into `nn.LSTM`/`nn.GRU`/`nn.RNN(input_size, H,
-        num_layers=len(layers_weights), bidirectional=..., bias=...,
-        batch_first=...)` (`nn.RNN` with the layers' activation as
-        `nonlinearity`).
+        A dict from `state_dict` keys to numpy arrays.
 
     Example:
 
@@ -453,7 +339,6 @@ def keras_to_torch_state_dict(layers_weights, prefix=""):
                 "(Bidirectional), or 2 / 4 without bias; got "
                 f"{len(layer)}."
             )
-        # 3 / 6 arrays: with bias; 2 / 4 arrays: use_bias=False.
         per_direction = 3 if len(layer) in (3, 6) else 2
         directions = len(layer) // per_direction
         for d, suffix in enumerate(("", "_reverse")[:directions]):
