@@ -5,10 +5,7 @@ see a mask, so Keras can hand them to the backend's fused kernel
 (`keras.src.backend.lstm` / `gru`: cuDNN on GPU, and on the PyTorch backend
 also a CPU loop with pre-computed input projections). A mask reaching them
 sends them to the generic step loop (`keras.src.backend.rnn`; only
-TensorFlow's cuDNN path takes a mask, a right-padded one), which on an H100
-took 434 ms against 9.3 ms unmasked (the reference figures of Keras' own
-layers in docs/benchmarks.md: the layer alone, torch backend, fwd+bwd,
-B=64 T=100 D=U=512).
+TensorFlow's cuDNN path takes a mask, a right-padded one).
 Outputs cannot show this (both paths give the same numbers), so these tests
 put spies on the backend functions the Keras layers look up at call time,
 record the `mask` each call receives, and delegate to the real function.
