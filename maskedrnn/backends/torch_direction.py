@@ -141,10 +141,9 @@ class Layout:
         outputs (`with_zero_row`), where it takes zeros.
 
         `place="zeros"`: each valid step its own output, zeros at masked
-        steps (`reverse` as in `read_index`). `"held"` / `"held_zeros"`
-        (forward reading only): Keras' `RNN` convention, the output of the
-        last valid step at or before each step, zeros before a row's first
-        valid step and, for `"held_zeros"`, at every masked step.
+        steps (`reverse` as in `read_index`). `"held"` (forward reading
+        only): Keras' `RNN` convention, the output of the last valid step at
+        or before each step, zeros before a row's first valid step.
         """
         if place == "zeros":
             rank = self.lengths[:, None] - self.count if reverse else self.count - 1
@@ -152,8 +151,6 @@ class Layout:
         else:
             rank = self.count - 1
             keep = rank >= 0
-            if place == "held_zeros":
-                keep = keep & self.mask
         rank = rank.clamp(0, max(self.steps - 1, 0))
         rows = torch.arange(self.batch)[:, None]
         index = torch.where(keep, self.row(rank, rows, packed), self.rows(packed))
@@ -177,7 +174,7 @@ def with_zero_row(t):
     return torch.cat([t, t.new_zeros((1, t.shape[1]))])
 
 
-_PLACES = ("zeros", "held", "held_zeros", "last")
+_PLACES = ("zeros", "held", "last")
 
 
 def run_direction(
@@ -210,9 +207,9 @@ def run_direction(
             Defaults to `False`.
         place: Where the outputs go, in the caller's order: `"zeros"` (each
             valid step's own output, zeros at masked steps: the
-            `Bidirectional` convention, `direction.in_place`), `"held"` or
-            `"held_zeros"` (Keras' `RNN` convention, `direction.held`, without
-            and with `zero_output_for_mask`; forward reading only), `"last"`
+            `Bidirectional` convention, `direction.in_place`), `"held"`
+            (Keras' `RNN` convention, `direction.held`; forward reading
+            only), `"last"`
             (the output after each row's last valid step, zeros for a row
             with none: `direction.last_output`). Defaults to `"zeros"`.
         packed: Bool: the packed kernel (only the valid steps run, final
