@@ -160,7 +160,27 @@ class Steps:
             return self
         flipped = Steps.from_mask(ops.flip(self.mask, 1))
         flipped._mask_lengths = self.known_lengths  # flipping keeps them
+        if self.right_padded:
+            # Flipped right-padded rows are left-padded: their valid-first
+            # order is a rotation, known without ranking the mask.
+            flipped.__dict__["_valid_ranks"] = _left_padded_ranks(
+                self._lengths, self.time
+            )
         return flipped
+
+
+def _left_padded_ranks(lengths, time):
+    """`(rank, inverse, lengths, order)` of left-padded rows with `lengths`
+    valid steps, as `ops.valid_ranks` and `invert_permutation` give them."""
+    backend = _backend()
+    t = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
+    n = ops.expand_dims(lengths, 1)
+    start = backend.scalar(time, "int32") - n
+    valid = t >= start
+    order = ops.where(t < n, t + start, t - n)
+    inverse = ops.where(valid, t - start, t + n)
+    rank = ops.where(valid, t - start, backend.scalar(-1, "int32"))
+    return rank, inverse, lengths, order
 
 
 def _backend():

@@ -98,5 +98,6 @@ def test_flipped_reads_the_reversed_mask_and_keeps_the_lengths(made_from):
     np.testing.assert_array_equal(to_np(flipped.known_lengths), lengths)
     np.testing.assert_array_equal(to_np(flipped.mask), mask[:, ::-1])
     np.testing.assert_array_equal(to_np(flipped.order), order)
+    np.testing.assert_array_equal(np.argsort(to_np(flipped.inverse), 1), order)
     np.testing.assert_array_equal(to_np(flipped.rank), rank)
     check_valid_first_fields(flipped, lengths)

@@ -334,12 +334,12 @@ def test_layout_valid_first_reads_each_rows_steps_first(reverse):
 
 
 @pytest.mark.parametrize("packed", [True, False])
-@pytest.mark.parametrize("place", ["zeros", "held", "held_zeros"])
+@pytest.mark.parametrize("place", ["zeros", "held"])
 def test_layout_place_index_is_the_keras_conventions(place, packed):
     """`place_index`: "zeros", each valid step reads its own kernel row;
-    "held"/"held_zeros", the row of the last valid step at or before it
-    (numpy loop); the zero row (`rows(packed)`) before a row's first valid
-    step, and at every masked step for "zeros" and "held_zeros"."""
+    "held", the row of the last valid step at or before it (numpy loop);
+    the zero row (`rows(packed)`) before a row's first valid step, and at
+    every masked step for "zeros"."""
     layout = torch_direction.Layout(torch.tensor(PACK_MASK))
     kernel_rows = layout.read_index(packed).numpy()
     where = {int(i): p for p, i in enumerate(kernel_rows) if i < PACK_MASK.size}
@@ -361,7 +361,7 @@ def test_layout_place_index_is_the_keras_conventions(place, packed):
 
 
 @pytest.mark.parametrize("packed", [True, False])
-@pytest.mark.parametrize("place", ["held", "held_zeros", "zeros", "last"])
+@pytest.mark.parametrize("place", ["held", "zeros", "last"])
 def test_run_direction_with_one_valid_step_in_a_batch_of_empty_rows(place, packed):
     """Fewer packed rows (1) than batch rows: every placement still reads
     only kernel rows that exist; Keras' GRU is the oracle."""

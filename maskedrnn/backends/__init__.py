@@ -1,109 +1,28 @@
-"""Every backend-specific decision and kernel of maskedrnn, one module per backend.
+"""Every backend-specific decision and kernel, one module per backend.
 
-Modelled on Keras' `keras/src/backend/<name>/rnn.py`: `tensorflow.py`,
-`jax.py` and `torch.py` define the same functions, and the layers ask the
-current backend's module (`current()`) instead of testing the backend's
-name. What a backend cannot do it declines, and says why.
+As Keras' `keras/src/backend/<name>/rnn.py`, `tensorflow.py`, `jax.py` and
+`torch.py` define the same functions, and the layers ask the current
+backend's module (`current()`) instead of testing the backend's name:
 
-Each backend module answers:
-
-- `options(inner, where, want_states)`: the ways it has of running one
-  masked direction of the inner RNN `inner` for data on the device of
-  `where`, best first, each paired with what stops it here (`None`: nothing;
-  a `Why`, hard when the way cannot run, soft when it can but is slower);
-- `describe(way, inner, want_states, options)`: the sentence `kernel_info()`
-  reports for the chosen way;
-- `run(way, inner, x, initial_state, training, steps, want_states)`: runs
-  that way on valid-first data (`maskedrnn.steps.Steps`);
-- `layout(steps)` and `run_direction(...)`: the caller's-order kernels (both
-  directions of a batch from one layout; torch only, the others decline);
-- `FUSED_WAYS` and `run_fused(...)`: its one-call ways, which run every
-  direction of a call in one kernel call (the plan's `"fused"` route, see
-  below; a backend without one has `FUSED_WAYS = ()` and a `run_fused` that
-  declines), and `fused_why(inners)`: None when the directions can share
-  one call, else a hard `Why` (e.g. two directions of different sizes);
+- `options(inner, where, want_states)`: the ways it can run one masked
+  direction, best first, each with what stops it here (`None`, or a `Why`:
+  hard when the way cannot run, soft when it can but another is preferred);
+- `describe(way, inner, want_states, options)`: the `kernel_info()` sentence;
+- `run(way, inner, x, initial_state, training, steps, want_states)`: one
+  direction on valid-first data;
+- `layout(steps)`, `run_direction(...)`: PyTorch's kernels straight from
+  the caller's order (torch only);
+- `FUSED_WAYS`, `run_fused(way, inners, x, steps, initial_states, training,
+  want_states)`, `fused_why(inners)`: every direction of a call in one
+  kernel call (torch and JAX; `FUSED_WAYS = ()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
-  `take_rows`, `has_fused_rnn_kernel`: the backend-specific pieces of the
-  checks and ops (`host_readable`: values readable on the host with no
-  device sync, so the lengths check may raise instead of poisoning bad
-  rows; `scalar(value, dtype)`: a 0-d tensor of a Python number made with
-  no host-to-device copy where that copy would wait on the device).
+  `take_rows`, `has_fused_rnn_kernel`: backend pieces of the ops and checks.
 
-The ways, by name (`WAYS`):
-
-- `"torch-packed"`: PyTorch's packed kernel, only the valid steps run
-  (torch on CPU, no gradient recorded);
-- `"torch-unpacked"`: PyTorch's unpacked kernel over zero-padded
-  valid-first data (torch on CPU);
-- `"torch-fused"`: both directions of a call in one `torch._VF.lstm` /
-  `torch._VF.gru` call over valid-first data, its padded steps made to hold
-  the state (LSTM and GRU; the default on CUDA, forceable on a CPU, whose
-  kernels compute cuDNN's equations);
-- `"jax-fused"`: both directions of a call in one
-  `jax.experimental.rnn.lstm` call (cuDNN's LSTM with per-row sequence
-  lengths) over valid-first data (JAX, an LSTM; the default on a CUDA GPU,
-  forceable elsewhere, where its reference `lstm_ref` runs);
-- `"jax-tiers"`: the rows of valid-first data sorted by length and run in
-  length tiers, each tier stopping at its longest row, with its own
-  gradient (JAX, an LSTM, GRU or SimpleRNN; the default on a CPU, and for a
-  GRU or SimpleRNN on a GPU);
-- `"tf-block-lstm"`: TensorFlow's fused LSTM kernel
-  (`tf.raw_ops.BlockLSTMV2`) over zero-padded valid-first data, the exact
-  final states read from its per-step outputs (TensorFlow, an LSTM with
-  Keras' default activations, float32 or float16, no XLA);
-- `"tf-tiers"`: Keras' GRU or SimpleRNN equations over valid-first data in
-  length tiers, rows leaving once their group has ended
-  (TensorFlow, default activations, no XLA);
-- `"keras-unmasked"`: the Keras inner layer called with no mask on
-  valid-first data, so its backend may pick a fused kernel (cuDNN);
-- `"keras-masked"`: the Keras inner layer in Keras' masked step loop (any
-  RNN layer, any backend, exact).
-
-A call computes one `Plan` (`plan()`): the way of each direction and the
-route of the call, `"torch"` (PyTorch's kernels straight from the caller's
-order), `"masked_loop"` (the mask handed to Keras' loop on the caller's
-order), `"fused"` (every direction's way is one of the backend's
-`FUSED_WAYS`, no input dropout active: one `run_fused` call for all
-directions) or `"valid_first"` (the Keras-ops core of `maskedrnn.layers.
-direction`, one `run` per direction; a one-call way runs there, one
-direction per call, when the route cannot be `"fused"`).
-`kernel_info()` and `uses_fast_path` are read from a plan too.
-`force(way)` makes every plan in its block take `way` (for tests and
-comparisons; a way the backend cannot run here raises `Declined`);
-`record()` collects the plans made in its block (what a model ran);
-`portable()` keeps its block to ways every exporter converts.
-
-The one-call interface, `run_fused(way, inners, x, steps, initial_states,
-training, want_states)` (backend-neutral: Keras weights in, outputs and
-states out):
-
-- `way`: the one-call way (every direction's);
-- `inners`: list of the built inner RNNs, `[forward]` (one direction,
-  reading `x` forward: `MaskedRNN`, whose `go_backwards` the layer has
-  applied to `x` already) or `[forward, backward]` (`MaskedBidirectional`:
-  the second reads each row's valid steps last to first, by the row's own
-  length);
-- `x`: float `(batch, time, features)`, valid-first (`Steps.order` applied
-  once by the layer), zeros at every padded position;
-- `steps`: the batch's `maskedrnn.steps.Steps` (`lengths`, `valid`, ...);
-- `initial_states`: list, one entry per inner: its list of `(batch,
-  units)` initial states, or None for zeros;
-- `training`: the call's `training` (input dropout never reaches this
-  route: the plan takes `"valid_first"` then);
-- `want_states`: bool, whether the final states are returned.
-
-It returns `(outputs, states)`. `outputs`: `(batch, time, sum of units)`,
-the directions' outputs concatenated on the last axis in `inners` order,
-each aligned to valid-first positions: position `k < lengths[b]` holds the
-direction's output after it read valid step `k` (the backward direction's
-after reading steps `lengths[b] - 1` down to `k`); positions `k >=
-lengths[b]` hold unspecified finite values that callers never read (their
-gradient is zero). `states`: one list per inner, the exact states after
-the last valid step the direction reads (the forward's after step
-`lengths[b] - 1`, the backward's after step 0; the initial state for a row
-with no valid step), `[h, c]` for an LSTM, `[h]` for a GRU; each list is
-`[]` when `want_states` is False. The layers place the outputs back with
-one gather.
+A call computes one `Plan` (`plan()`): the way of each direction (one of
+`WAYS`) and the route of the call (one of `ROUTES`); docs/design.md
+describes each. `force(way)` makes a block run one way on purpose,
+`record()` collects the plans a block made, and `portable()` keeps a block
+to ways every exporter converts.
 """
 
 import contextlib

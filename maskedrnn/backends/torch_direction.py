@@ -116,8 +116,6 @@ class Layout:
         else:
             rank = self.count - 1
             keep = rank >= 0
-            if place == "held_zeros":
-                keep = keep & self.mask
         rank = rank.clamp(0, max(self.steps - 1, 0))
         rows = torch.arange(self.batch)[:, None]
         index = torch.where(keep, self.row(rank, rows, packed), self.rows(packed))
@@ -137,7 +135,7 @@ def with_zero_row(t):
     return torch.cat([t, t.new_zeros((1, t.shape[1]))])
 
 
-_PLACES = ("zeros", "held", "held_zeros", "last")
+_PLACES = ("zeros", "held", "last")
 
 
 def run_direction(
@@ -166,11 +164,10 @@ def run_direction(
         reverse: Bool, read each row's valid steps last to first (a
             backward direction). Defaults to `False`.
         place: Where the outputs go: `"zeros"` (zeros at masked steps,
-            `Bidirectional`'s convention), `"held"` or `"held_zeros"` (the
-            last valid output repeated, Keras' `RNN` convention, without and
-            with `zero_output_for_mask`; forward only) or `"last"` (each
-            row's last valid output, zeros for a row with none). Defaults to
-            `"zeros"`.
+            `Bidirectional`'s convention), `"held"` (the last valid output
+            repeated, Keras' `RNN` convention; forward only) or `"last"`
+            (each row's last valid output, zeros for a row with none).
+            Defaults to `"zeros"`.
         packed: Bool: the packed kernel (valid steps only; inference) or
             the unpacked one over valid-first data. Defaults to `False`.
         want_states: Bool, whether to return the final states. Defaults to

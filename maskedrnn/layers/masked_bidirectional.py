@@ -1,19 +1,15 @@
-"""`MaskedBidirectional`: a bidirectional RNN wrapper whose inner RNNs run unmasked.
-
-API, config, shapes and `call` orchestration only: each direction runs on the
-shared core `maskedrnn.layers.direction`.
-"""
+"""`MaskedBidirectional`: a bidirectional RNN wrapper whose inner RNNs run unmasked."""
 
 import copy
 
 import keras
 from keras import ops
 
-from maskedrnn import _checks, backends
-from maskedrnn import ops as mops
+from maskedrnn import _checks
 from maskedrnn.layers import direction
 from maskedrnn.layers.direction import output_size as _output_size
 from maskedrnn.layers.direction import state_sizes as _state_sizes
+from maskedrnn.layers.masked_wrapper import MaskedWrapper
 from maskedrnn.steps import Steps
 
 
@@ -22,49 +18,20 @@ def _strip_prefix(name, prefix):
 
 
 @keras.saving.register_keras_serializable(package="maskedrnn")
-class MaskedBidirectional(direction.MaskedWrapper):
+class MaskedBidirectional(MaskedWrapper):
     """Bidirectional wrapper for RNNs that honours masks and keeps cuDNN.
 
-    Behaves like `keras.layers.Bidirectional` fed a mask: masked steps are
-    skipped (the state is carried over them), in both directions. Unlike it,
-    wherever a fused kernel could run the two inner RNNs never receive a
-    mask, so Keras can run its fused cuDNN kernels on GPU. How: each row's
-    valid steps are moved to the front (one gather; not needed when
-    `lengths` is given), the forward RNN reads
-    them in order, the backward RNN reads them reversed by each row's own
-    length (`maskedrnn.ops.reverse_sequence`, so it reads `3 2 1`, not
-    `0 0 3 2 1`), and the outputs are put back where they came from.
-
-    For `LSTM`, `GRU` and `SimpleRNN` (without `recurrent_dropout`) the inner
-    RNNs run unmasked: `LSTM` and `GRU` on their backend's fused kernel where
-    one exists (cuDNN on GPU). No backend has a fused `SimpleRNN` kernel, so
-    an unmasked `SimpleRNN` runs Keras' step loop, without a mask (on the
-    torch backend on CPU, PyTorch's `rnn_tanh`/`rnn_relu`). Final states are
-    read at each row's last valid step; the LSTM cell state, which the
-    unmasked kernel does not expose at that step, is recomputed exactly from
-    the outputs (one batched matmul plus a linear-recurrence reduction, see
-    `maskedrnn.ops.linear_recurrence_last`). Where that is not the cheapest
-    exact way, the states come from the kernel itself: with
-    `return_state=True` an `LSTM` on TensorFlow without a GPU where
-    TensorFlow's fused LSTM op does not run runs Keras' masked loop, on a
-    JAX CPU (and for a `GRU` or `SimpleRNN` on a JAX GPU) the rows run in
-    length tiers that carry each row's exact states and skip most padded
-    steps (`maskedrnn.backends.jax_tiers`), and on the torch
-    backend on CPU PyTorch's fused kernel runs with the padded steps made
-    no-ops for the cell state (forget gate 1, input gate 0), so its own
-    final `c` is exact. Any other RNN layer (`keras.layers.RNN(cell)`,
-    custom cells, `recurrent_dropout > 0`) has no fused kernel to lose: it
-    runs Keras' masked loop as well, so its results are exact too. That
-    loop reads any mask: given `mask=`, both directions run on the data as
-    it is, the backward one flipped as in Keras' `Bidirectional` (no
-    reordering; masked inputs zeroed); given `lengths=`, the same with
-    their right-padded mask. `uses_fast_path` tells
-    which path a layer takes. On the torch backend on CPU, where Keras would
-    step through time in Python, the unmasked inner RNNs run on PyTorch's
-    native kernels instead (same equations; faster, see
-    docs/benchmarks.md); `kernel_info()` says which code computes each
-    direction and why. Each direction runs on the core shared with
-    `MaskedRNN` (`maskedrnn.layers.direction`).
+    Behaves like `keras.layers.Bidirectional` fed the same mask: masked steps
+    are skipped in both directions, the state carried over them. Unlike it,
+    the inner RNNs are handed no mask wherever a fused kernel could run, so
+    the backend keeps its fused kernel (cuDNN on a GPU). Each row's valid
+    steps are moved to the front, the forward RNN reads them in order and
+    the backward RNN reads them reversed by the row's own length (`3 2 1`,
+    not `0 0 3 2 1`); the outputs are put back where they came from and the
+    final states are exact. RNNs with no fused kernel to keep (`RNN(cell)`,
+    custom cells, `recurrent_dropout > 0`) run Keras' masked loop, exact as
+    well. `kernel_info()` says which kernel computes each direction and why;
+    docs/design.md explains each kernel.
 
     Args:
         layer: A `keras.layers.RNN` instance such as `keras.layers.LSTM(64)`
@@ -170,8 +137,6 @@ class MaskedBidirectional(direction.MaskedWrapper):
             self.forward_layer.initial_weights = weights[: nw // 2]
             self.backward_layer.initial_weights = weights[nw // 2 :]
 
-    # ------------------------------------------------------------------ build
-
     def build(self, inputs_shape, initial_state_shape=None, lengths_shape=None):
         inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedBidirectional")
         self._input_features = inputs_shape[-1]
@@ -222,139 +187,44 @@ class MaskedBidirectional(direction.MaskedWrapper):
         return output_mask[0] if len(output_mask) == 1 else tuple(output_mask)
 
     def kernel_info(self, inputs=None):
-        """Says which code computes each direction, and why.
+        """Says which kernel computes each direction, and why.
 
         Args:
-            inputs: Optional tensor the layer would be called on; on the
-                torch backend its device decides (CPU: PyTorch's native
-                kernels; CUDA: Keras' cuDNN path). Defaults to `None`: the
-                device of the layer's weights. The layer must be built.
+            inputs: Optional tensor the layer would be called on (on torch
+                its device decides). Defaults to `None`: the device of the
+                layer's weights. The layer must be built.
 
         Returns:
-            A dict with keys `"forward"` and `"backward"`, each a sentence:
-            PyTorch's native kernel (`torch.lstm`/`gru`/`rnn_tanh`/
-            `rnn_relu`, torch backend on CPU), Keras' unmasked inner layer
-            (its backend picks a fused kernel such as cuDNN when it can), or
-            Keras' masked step loop (no fused kernel to keep for that
-            layer here), each with the reason it was chosen.
+            A dict with keys `"forward"` and `"backward"`, each a sentence
+            naming the kernel and the reason it was chosen.
         """
-        return self._kernel_info(self._inners(), inputs)
-
-    @property
-    def uses_fast_path(self):
-        """Whether neither inner RNN is handed a mask here (read from the
-        plan for the layer's weights, as `kernel_info()`)."""
-        return self._uses_fast_path(self._inners())
-
-    # ------------------------------------------------------------------- call
+        return self._kernel_info(inputs)
 
     def call(self, inputs, initial_state=None, mask=None, training=None, lengths=None):
         x = _checks.check_inputs(inputs, "MaskedBidirectional", self._input_features)
         if x.shape[0] == 0:
             return self._empty_batch_outputs(x)
         steps = Steps.from_call(x, mask, lengths)
-        plan = self._plan(self._inners(), x, steps.masked, training)
-        fwd_state, bwd_state = self._split_initial_state(initial_state, x)
-        if plan.route == "torch":
-            outputs = self._call_in_torch(plan, x, steps, fwd_state, bwd_state)
-        elif plan.route == "fused":
-            outputs = self._call_fused(plan, x, steps, fwd_state, bwd_state, training)
-        elif plan.route == "masked_loop":
-            outputs = self._call_masked_loops(x, steps, fwd_state, bwd_state, training)
+        plan = self._plan(x, steps.masked, training)
+        joined = self.return_sequences and self.merge_mode == "concat"
+        y, (fwd_states, bwd_states) = direction.run_plan(
+            plan,
+            x,
+            steps,
+            self._split_initial_state(initial_state, x),
+            training,
+            self.return_state,
+            place="zeros" if self.return_sequences else "last",
+            joined=joined,
+        )
+        if joined:
+            outputs = self._merge(y, None, fwd_states, bwd_states)
         else:
-            outputs = self._call_valid_first(
-                plan, x, steps, fwd_state, bwd_state, training
-            )
+            outputs = self._merge(*y, fwd_states, bwd_states)
         return self._returned(outputs, steps.bad_rows)
 
     def _inners(self):
         return {"forward": self.forward_layer, "backward": self.backward_layer}
-
-    def _call_valid_first(self, plan, x, steps, fwd_state, bwd_state, training):
-        """Both directions on valid-first data (`direction.run`), the
-        outputs put back in the caller's order."""
-        x = steps.valid_first(x)
-        fwd_y, fwd_states = direction.run(
-            plan.way(0), self.forward_layer, x, steps, fwd_state, training,
-            self.return_state,
-        )
-        x_rev = mops.gather_time(x, steps.reverse)
-        bwd_y_rev, bwd_states = direction.run(
-            plan.way(1), self.backward_layer, x_rev, steps, bwd_state, training,
-            self.return_state,
-        )
-        if self.return_sequences:
-            fwd_y = direction.in_place(fwd_y, steps)
-            bwd_y = direction.in_place(
-                mops.gather_time(bwd_y_rev, steps.reverse), steps
-            )
-        else:
-            fwd_y = direction.last_output(fwd_y, steps)
-            bwd_y = direction.last_output(bwd_y_rev, steps)
-        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-
-    def _call_fused(self, plan, x, steps, fwd_state, bwd_state, training):
-        """Both directions in one call of the backend's one-call way
-        (`run_fused`) on valid-first data; the outputs of both put back in
-        the caller's order with one gather."""
-        y, (fwd_states, bwd_states) = backends.current().run_fused(
-            plan.way(0),
-            [self.forward_layer, self.backward_layer],
-            direction.valid_first_zeroed(x, steps),
-            steps,
-            [fwd_state, bwd_state],
-            training,
-            self.return_state,
-        )
-        units = _output_size(self.forward_layer)
-        if self.return_sequences:
-            if steps.masked:
-                y = direction.in_place(y, steps)
-            if self.merge_mode == "concat":
-                return self._merge(y, None, fwd_states, bwd_states)
-            fwd_y, bwd_y = y[..., :units], y[..., units:]
-        else:
-            fwd_y = direction.last_output(y[..., :units], steps)
-            # The backward direction's last output is the one at step 0.
-            bwd_y = y[:, 0, units:]
-            bwd_y = ops.where(steps.has_steps, bwd_y, ops.zeros_like(bwd_y))
-        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-
-    def _call_in_torch(self, plan, x, steps, fwd_state, bwd_state):
-        """Both directions on PyTorch's kernels, from and back to the
-        caller's order (the backend's `run_direction`, one layout shared)."""
-        backend = backends.current()
-        place = "zeros" if self.return_sequences else "last"
-        layout = backend.layout(steps)
-        fwd_y, fwd_states = backend.run_direction(
-            plan.way(0), self.forward_layer, x, layout, fwd_state, False, place,
-            self.return_state,
-        )
-        bwd_y, bwd_states = backend.run_direction(
-            plan.way(1), self.backward_layer, x, layout, bwd_state, True, place,
-            self.return_state,
-        )
-        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
-
-    def _call_masked_loops(self, x, steps, fwd_state, bwd_state, training):
-        """Both directions in Keras' masked loop, in the caller's order
-        (`direction.run_masked_loop`): the backward one over the flipped
-        time axis and mask, as Keras' `Bidirectional` runs it."""
-        mask = steps.mask
-        fwd_y, fwd_states = direction.run_masked_loop(
-            self.forward_layer, x, mask, fwd_state, training
-        )
-        bwd_y, bwd_states = direction.run_masked_loop(
-            self.backward_layer, ops.flip(x, 1), ops.flip(mask, 1), bwd_state, training
-        )
-        if self.return_sequences:
-            fwd_y = direction.zero_where_masked(fwd_y, mask)
-            bwd_y = direction.zero_where_masked(ops.flip(bwd_y, 1), mask)
-        else:
-            fwd_y, bwd_y = fwd_y[:, -1], bwd_y[:, -1]
-        if not self.return_state:
-            fwd_states = bwd_states = []
-        return self._merge(fwd_y, bwd_y, fwd_states, bwd_states)
 
     def _merge(self, fwd_y, bwd_y, fwd_states, bwd_states):
         """The list of outputs: the two directions merged by `merge_mode`,
@@ -389,9 +259,7 @@ class MaskedBidirectional(direction.MaskedWrapper):
             names = direction.state_names(inner)
             parts.append((f"{owner} {type(inner).__name__}", names, sizes))
         split = _checks.check_initial_state(initial_state, x, parts)
-        return (None, None) if split is None else tuple(split)
-
-    # ---------------------------------------------------------------- config
+        return [None, None] if split is None else list(split)
 
     def _public_config(self, inner, go_backwards):
         config = keras.saving.serialize_keras_object(inner)
