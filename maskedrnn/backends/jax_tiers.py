@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import keras
 from jax import lax
 
-from maskedrnn import ops as mops
+from maskedrnn.backends.gather import gather_time
 
 WAY = "jax-tiers"
 # Row groups per direction (see the module docstring; measured, bench).
@@ -163,7 +163,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
     reads each row's valid steps last to first (`steps.reverse`)."""
     xs = [x]
     if len(inners) == 2:
-        xs.append(mops.gather_time(x, steps.reverse))
+        xs.append(gather_time(x, steps.reverse))
     batch = x.shape[0]
     initial = [
         s
@@ -176,7 +176,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
     ]
     ys, states = run_directions(inners, xs, steps.lengths, initial, tiers)
     if len(inners) == 2:
-        ys[1] = mops.gather_time(ys[1], steps.reverse)
+        ys[1] = gather_time(ys[1], steps.reverse)
     y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
     return y, [list(s) if want_states else [] for s in states]
 
