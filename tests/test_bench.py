@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
-from maskedrnn.bench.config import edge_mask
-from tests.helpers import script
+from tests.helpers import edge_mask, script
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
