@@ -349,7 +349,7 @@ def build_parser():
         default=0,
         help="seed of the order the cases are timed in: a new random order "
         "every repeat, the same sequence of orders for the same seed "
-        "(default 0; scripts/bench_runs.py gives each round its own, so "
+        "(default 0; maskedrnn.bench.runs gives each round its own, so "
         "that an order that favours one case does not repeat in every "
         "round)",
     )

@@ -343,7 +343,7 @@ def case_orders(cases, repeats, seed=0):
     implementation finds the caches and the allocator in another state
     than one timed after a small inference step (a fixed rotation made the
     first inference case always follow the last training case). The same
-    `seed` (`--order-seed`) gives the same orders; `scripts/bench_runs.py`
+    `seed` (`--order-seed`) gives the same orders; `maskedrnn.bench.runs`
     gives each of its rounds another.
 
     Args:
