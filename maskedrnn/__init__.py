@@ -7,9 +7,15 @@ by setup.cfg; CHANGELOG.md says what changed.
 
 __version__ = "0.2.0"
 
-# `_quiet_demo` first: it must run before TensorFlow loads.
+import sys as _sys
+
+# `python -m maskedrnn` (the demo) runs this file before its `__main__`, with
+# `sys.argv[0] == "-m"` meanwhile: only then is `_quiet_demo` loaded, as it
+# must quiet TensorFlow before Keras loads it; `import maskedrnn` skips it.
+if _sys.argv[:1] == ["-m"]:
+    from maskedrnn import _quiet_demo  # noqa: F401
+
 from maskedrnn import (
-    _quiet_demo,  # noqa: F401
     backends,
     bucketing,
     convert,

@@ -8,6 +8,7 @@ axis is 0 and the time axis 1; `lengths` has shape `(batch,)`.
 from keras import ops
 
 from maskedrnn import backends
+from maskedrnn.backends.gather import gather_time
 from maskedrnn.masking import as_bool
 
 __all__ = [
@@ -21,40 +22,6 @@ __all__ = [
     "gather_time",
     "linear_recurrence_last",
 ]
-
-
-def gather_time(x, index):
-    """Gathers `x[b, index[b, t], ...]`: a per-row reordering of the time axis.
-
-    With the permutations of `valid_first_order` it moves each row's valid
-    steps to the front (`order`) and back (`inverse`). Indices are not
-    checked: out of range, they read another row or fail.
-
-    Args:
-        x: Tensor of shape `(batch, time, ...)`.
-        index: Integer tensor of shape `(batch, time_out)` with values in
-            `[0, time)`.
-
-    Returns:
-        A tensor of shape `(batch, time_out, ...)` and the dtype of `x`.
-
-    Example:
-
-    >>> x = [[[1.], [2.], [3.]],
-    ...      [[4.], [5.], [6.]]]
-    >>> gather_time(x, index=[[2, 0, 1], [1, 1, 0]])
-    [[[3.0], [1.0], [2.0]],
-     [[5.0], [5.0], [4.0]]]
-    """
-    x = ops.convert_to_tensor(x)
-    shape = ops.shape(x)
-    batch, time = shape[0], shape[1]
-    if any(isinstance(d, int) and d == 0 for d in (batch, time)):
-        # jnp.take on an empty array drops index axes; symbolic sizes are fine.
-        return x
-    flat = ops.reshape(x, (-1,) + tuple(shape[2:]))
-    offsets = ops.expand_dims(ops.arange(batch, dtype="int32") * time, 1)
-    return backends.current().take_rows(flat, ops.cast(index, "int32") + offsets)
 
 
 def reverse_sequence(x, lengths, axis=1):

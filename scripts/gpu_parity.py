@@ -31,6 +31,7 @@ import numpy as np
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from maskedrnn.bench import config
 from maskedrnn.bench.timing import declined_reason
+from tests.helpers import edge_mask
 
 # Largest difference allowed, times max(1, largest magnitude of the oracle's
 # tensor): float32 with TF32 off / JAX "highest" precision.
@@ -87,7 +88,7 @@ def case_data(case, seed):
     x = rng.standard_normal((b, t, d)).astype("float32")
     if case["edge"]:
         if case["how"] == "mask_pre":  # every pattern, holes included
-            mask = config.edge_mask()
+            mask = edge_mask()
         else:
             mask = np.arange(t)[None, :] < EDGE_LENGTHS[:, None]
         directions = 2 if case["layer"] == "bidirectional" else 1

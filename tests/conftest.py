@@ -27,9 +27,9 @@ users get ("default") and once per way the backend has
 (`maskedrnn.backends.force`, `maskedrnn.backends.WAYS`); a way the backend
 declines for the test's layer here (`maskedrnn.backends.Declined`: e.g.
 PyTorch's packed kernel while gradients are recorded, or Keras' unmasked
-layer for a generic cell) skips that run, saying why, and so does a way
-the default run already ran for every call (e.g. Keras' masked loop on a
-JAX CPU): the forced run would repeat it exactly.
+layer for a generic cell) skips that run, saying why, and a forced run
+whose every call took the way the default plan takes is reported as
+skipped too: it repeated the default run exactly.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
@@ -83,34 +83,32 @@ WAYS_HERE = [
     for w in ["default"] + list(backends.current().WAYS)
     if not _ASKED or w in _ASKED.split(",")
 ]
-# Test (its id without the `way` parameter) -> the ways of every direction of
-# every plan its passed default run made (`backends.record`).
-_DEFAULT_RUNS = {}
 
 
-def _without_way(item):
-    params = {k: v for k, v in item.callspec.params.items() if k != "way"}
-    return item.nodeid.split("[")[0], repr(sorted(params.items()))
+def repeats_the_default(plans):
+    """Whether a forced run's `plans` are exactly what the default plan
+    makes: every direction of every call took the way the backend would
+    have chosen unforced (its first unhindered option; the route follows
+    from the ways). Read from the forced run's own plans, so the answer
+    does not depend on which tests ran before."""
+    return all(
+        d.way == next(option for option, why in d.options if why is None)
+        for p in plans
+        for d in p.directions
+    )
 
 
 @pytest.fixture(params=WAYS_HERE)
 def way(request):
     """The test body runs under `maskedrnn.backends.force(way)`, or with
-    the default plan ("default"). A forced way that the default run of the
-    same test (same other parameters, same process) ran for every direction
-    of every call would repeat that run exactly: it is skipped."""
-    key = _without_way(request.node)
+    the default plan ("default"). A forced run whose every call took the
+    way the default plan takes (`repeats_the_default`) repeated the default
+    run exactly: it is reported as skipped (`pytest_pyfunc_call`)."""
     if request.param == "default":
-        with backends.record() as plans:
-            yield request.param
-        report = getattr(request.node, "call_report", None)
-        if report is not None and report.passed:
-            _DEFAULT_RUNS[key] = [[d.way for d in p.directions] for p in plans]
+        yield request.param
         return
-    ran = _DEFAULT_RUNS.get(key)
-    if ran is not None and all(w == request.param for ways in ran for w in ways):
-        pytest.skip(f"the default plan ran {request.param!r} for every call here")
-    with backends.force(request.param):
+    with backends.force(request.param), backends.record() as plans:
+        request.node.forced_plans = plans
         yield request.param
 
 
@@ -174,24 +172,21 @@ def _slow_files_first(items):
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Keeps the report of each test's call on the item (for `way`)."""
-    report = yield
-    if report.when == "call":
-        item.call_report = report
-    return report
-
-
-@pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A test run with a forced `way` that the backend declines for its
-    layer here is skipped, with the reason."""
+    layer here is skipped, with the reason; so is a passed forced run that
+    repeated the default plan (`repeats_the_default`)."""
     try:
-        return (yield)
+        result = yield
     except backends.Declined as error:
         if "way" not in pyfuncitem.fixturenames:
             raise
         pytest.skip(f"declined here: {error}")
+    plans = getattr(pyfuncitem, "forced_plans", None)
+    if plans is not None and repeats_the_default(plans):
+        way = pyfuncitem.callspec.params["way"]
+        pytest.skip(f"the default plan runs {way!r} for every call here")
+    return result
 
 
 def pytest_configure(config):

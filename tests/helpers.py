@@ -370,3 +370,23 @@ class JaxCompiles:
 
         jax.monitoring.unregister_event_duration_listener(self._listener)
         return False
+
+
+def edge_mask():
+    """A 6 x 7 mask holding every padding pattern a masked layer must get
+    right, one per row.
+
+    Row 0 is right-padded (4 steps), row 1 left-padded (4 steps, the
+    `keras.utils.pad_sequences` default), row 2 has holes, row 3 is all
+    padding, row 4 is full and row 5 has one step.
+
+    Returns:
+        bool numpy array of shape `(6, 7)`.
+    """
+    mask = np.ones((6, 7), bool)
+    mask[0, 4:] = False
+    mask[1, :3] = False
+    mask[2, [1, 3, 4]] = False
+    mask[3, :] = False
+    mask[5, 1:] = False
+    return mask

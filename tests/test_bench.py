@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import bench
-from maskedrnn.bench.config import edge_mask
-from tests.helpers import script
+from tests.helpers import edge_mask
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
@@ -662,12 +661,13 @@ def test_unidirectional_layer_is_checked_against_keras_and_pytorch(cell):
 
 
 def test_bench_runs_summary_counts_rounds_that_met_the_target():
-    """`scripts/bench_runs.py`'s summary of repeated runs: median, lowest
+    """`maskedrnn.bench.runs`' summary of repeated runs: median, lowest
     and highest ratio over the rounds, and in how many rounds the ratio
     rounded to 2 digits (as the docs' verdicts) met the target; numpy is
     the oracle, on made-up rounds. The docs' `bench-runs` tables are this
-    summary (`scripts/bench_docs.py`, test above)."""
-    module = script("bench_runs")
+    summary (`maskedrnn.bench.docs_tables`, test above)."""
+    from maskedrnn.bench import runs as module
+
     series = [0.996, 1.004, 1.006, 1.03, 0.97]  # 1.004 rounds to 1.00: met
     rounds = [
         {"x": {"ratios": {"infer": {"maskedrnn/keras_masked": v, "other": 2.0}}}}
@@ -725,23 +725,19 @@ def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_pa
 
 @pytest.mark.on_backends("torch")  # scripts and a stand-in bench: no backend
 def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
-    """`scripts/bench_runs.py` end to end on a copy of the scripts, with a
-    stand-in for `python -m maskedrnn.bench` (PYTHON, which
-    `scripts/bench_cpu.sh` runs) that records its arguments and writes a
+    """`python -m maskedrnn.bench.runs` end to end in an empty project
+    folder, with a stand-in for `python -m maskedrnn.bench` (PYTHON, which
+    `maskedrnn.bench.cpu` runs) that records its arguments and writes a
     result: round k runs the run's own options plus `--order-seed k`, the
     JSON records each round's seed and a Python probe per round, and the
     summary is over the rounds' ratios; `--same-order` runs every round
     with seed 0 (the control)."""
     import os
     import pathlib
-    import shutil
     import subprocess
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    (tmp_path / "scripts").mkdir()
     (tmp_path / "docs" / "results").mkdir(parents=True)
-    for name in ("bench_cpu.sh", "bench_runs.py"):
-        shutil.copy(root / "scripts" / name, tmp_path / "scripts" / name)
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "fake_python"
     fake.write_text(
@@ -761,12 +757,13 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     fake.chmod(0o755)
     out = tmp_path / "runs.json"
     env = {**os.environ, "PYTHON": str(fake), "PYTHONPATH": str(root)}
-    script = tmp_path / "scripts" / "bench_runs.py"
+    script = ["-m", "maskedrnn.bench.runs"]
     options = ["--rounds", "3", "--target", "maskedrnn/keras_masked=1.0"]
     subprocess.run(
-        [sys.executable, str(script), *options, "--out", str(out), "jax-rnn-gru"],
+        [sys.executable, *script, *options, "--out", str(out), "jax-rnn-gru"],
         check=True,
         env=env,
+        cwd=tmp_path,
         capture_output=True,
     )
     lines = calls.read_text().splitlines()
@@ -782,10 +779,11 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     assert (entry["min"], entry["max"], entry["rounds_met"]) == (1.0, 1.02, 1)
     # The control: every round in the orders of --order-seed 0.
     subprocess.run(
-        [sys.executable, str(script), *options, "--out", str(out), "--same-order"]
+        [sys.executable, *script, *options, "--out", str(out), "--same-order"]
         + ["jax-rnn-gru"],
         check=True,
         env=env,
+        cwd=tmp_path,
         capture_output=True,
     )
     runs = json.loads(out.read_text())

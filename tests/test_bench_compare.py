@@ -1,9 +1,7 @@
-"""scripts/bench_compare.py: a ratio before and after a change, flagged
+"""`maskedrnn.bench.compare`: a ratio before and after a change, flagged
 MOVED only when its interval moved the slow way."""
 
-from tests.helpers import script
-
-compare = script("bench_compare").compare
+from maskedrnn.bench.compare import compare
 
 
 def _result(ours_ms, base_ms):

@@ -83,5 +83,7 @@ def test_convert_package_does_not_import_torch():
 def test_docstring_examples_run():
     import doctest
 
-    results = doctest.testmod(gate_layout, extraglobs={"np": np})
+    from maskedrnn import _gate_layout  # where the functions are defined
+
+    results = doctest.testmod(_gate_layout, extraglobs={"np": np})
     assert results.failed == 0 and results.attempted > 0

@@ -228,6 +228,18 @@ def test_demo_command_quiets_tensorflow_unless_the_user_chose_a_level():
     assert environ == {}  # other programs are left alone
 
 
+def test_plain_import_leaves_the_demo_quieting_alone():
+    """Only `python -m maskedrnn...` loads `_quiet_demo`: a program that
+    imports the package keeps TensorFlow's log level and its stderr."""
+    code = "import sys, maskedrnn; print('maskedrnn._quiet_demo' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 @pytest.mark.skipif(
     BACKEND != "tensorflow", reason="TensorFlow's start-up log: TensorFlow only"
 )

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from maskedrnn import backends
-from maskedrnn.bench.config import edge_mask
 from maskedrnn.layers import final_state
 from tests.helpers import (
     assert_close,
+    edge_mask,
     loss_and_grads,
     oracle_pair,
     record_calls,

@@ -3,7 +3,7 @@
 The oracle is Keras' own layer with `use_cudnn=False` handed the same mask
 (its masked step loop): outputs at every valid step, final states, and the
 gradients w.r.t. the inputs, every weight and the initial states, on every
-padding pattern of `maskedrnn.bench.config.edge_mask` and on batches whose
+padding pattern of `tests.helpers.edge_mask` and on batches whose
 rows end at many different steps (so that every tier boundary is crossed).
 """
 
@@ -14,8 +14,14 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from maskedrnn.bench.config import edge_mask
-from tests.helpers import BACKEND, assert_close, loss_and_grads, oracle_pair, run_python
+from tests.helpers import (
+    BACKEND,
+    assert_close,
+    edge_mask,
+    loss_and_grads,
+    oracle_pair,
+    run_python,
+)
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "jax", reason="jax_tiers is the JAX backend's way"
@@ -246,7 +252,7 @@ def test_mixed_precision(kind, policy, atol):
 _X64 = """
 import jax, jax.numpy as jnp, numpy as np, keras
 from maskedrnn import MaskedRNN, backends
-from maskedrnn.bench.config import edge_mask
+from tests.helpers import edge_mask
 mask = edge_mask()
 x = np.random.default_rng(0).standard_normal((6, 7, 3))
 sig = lambda v: 1 / (1 + jnp.exp(-v))

@@ -12,9 +12,9 @@ from keras import ops
 
 import maskedrnn
 from maskedrnn import MaskedBidirectional, backends
-from maskedrnn.bench.config import edge_mask
 from tests.helpers import (
     assert_close,
+    edge_mask,
     flat,
     loss_and_grads,
     oracle_pair,

@@ -14,10 +14,10 @@ from keras import ops
 import maskedrnn
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends, convert
 from maskedrnn._keras_private import get_keras_mask
-from maskedrnn.bench.config import edge_mask
 from tests.helpers import (
     BACKEND,
     assert_close,
+    edge_mask,
     flat,
     lengths_to_mask,
     loss_and_grads,

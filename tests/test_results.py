@@ -8,10 +8,11 @@
   `python -m maskedrnn.bench.report FILE`; `<!-- bench-ratios -->` rows
   quote their file's ratios (with the verdict against a target, where the
   row has one) and 95% intervals; `<!-- bench-runs FILE -->` is
-  `scripts/bench_runs.py`'s summary; `<!-- bucketing-table FILE -->` is
+  `maskedrnn.bench.runs`' summary; `<!-- bucketing-table FILE -->` is
   `python scripts/bucketing_speed.py --table FILE`; the demo table of
-  docs/quickstart.md quotes its JSON files. `scripts/bench_docs.py --check`
-  leaves README.md and docs/benchmarks.md as they are.
+  docs/quickstart.md quotes its JSON files.
+  `python -m maskedrnn.bench.docs_tables --check` leaves README.md and
+  docs/benchmarks.md as they are.
 - Nothing a reader cannot resolve: no issue numbers, "the brief", "this
   session" or dated run times in the code, tests, scripts or pages.
 - No module is over 600 lines.
@@ -24,6 +25,7 @@ import re
 import pytest
 
 from maskedrnn import bench
+from maskedrnn.bench import docs_tables
 from tests.helpers import script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -131,7 +133,7 @@ def test_ratio_tables_quote_their_json():
 
 
 def test_runs_tables_are_their_json():
-    module = script("bench_docs")
+    module = docs_tables
     found = _marked(r"<!-- bench-runs (\S+) -->\n((?:\|.*\n)+)")
     assert found
     for page, path, table in found:
@@ -139,10 +141,10 @@ def test_runs_tables_are_their_json():
 
 
 def test_bench_docs_script_reproduces_the_pages():
-    """`scripts/bench_docs.py` (how the tables are rewritten after a
+    """`maskedrnn.bench.docs_tables` (how the tables are rewritten after a
     measurement) leaves the pages as they are, and puts a wrong figure
     right."""
-    module = script("bench_docs")
+    module = docs_tables
     for page in module.PAGES:
         text = page.read_text(encoding="utf-8")
         assert module.rewrite(text) == text, page.name
@@ -255,7 +257,6 @@ def _prose_files():
         ("maskedrnn", "**/*.py"),
         ("tests", "*.py"),
         ("scripts", "*"),
-        ("benchmarks", "*"),
         ("docs", "*.md"),
         ("colab", "*.ipynb"),
     ):
@@ -296,7 +297,7 @@ LIMIT = 600
 
 def test_no_module_is_over_600_lines():
     long = []
-    for folder in ("maskedrnn", "scripts", "benchmarks"):
+    for folder in ("maskedrnn", "scripts"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
             lines = len(path.read_text(encoding="utf-8").splitlines())

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from maskedrnn.bench.config import edge_mask
-from tests.helpers import BACKEND, lengths_to_mask, record_calls, to_np
+from tests.helpers import BACKEND, edge_mask, lengths_to_mask, record_calls, to_np
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import keras
 from jax import lax
 
-from maskedrnn import ops as mops
+from maskedrnn.backends.gather import gather_time
 
 WAY = "jax-tiers"
 # Row groups per direction, chosen by the bench.
@@ -124,7 +124,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
     """Every direction of a call in one tiered recurrence, weights stacked."""
     xs = [x]
     if len(inners) == 2:
-        xs.append(mops.gather_time(x, steps.reverse))
+        xs.append(gather_time(x, steps.reverse))
     batch = x.shape[0]
     initial = [
         s
@@ -137,7 +137,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
     ]
     ys, states = run_directions(inners, xs, steps.lengths, initial, tiers)
     if len(inners) == 2:
-        ys[1] = mops.gather_time(ys[1], steps.reverse)
+        ys[1] = gather_time(ys[1], steps.reverse)
     y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
     return y, [list(s) if want_states else [] for s in states]
 

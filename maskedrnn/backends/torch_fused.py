@@ -9,7 +9,7 @@ backend"). No host sync: the lengths stay on the device (tested).
 
 import torch
 
-from maskedrnn import ops as mops
+from maskedrnn.backends.gather import gather_time
 from maskedrnn.backends.torch_kernels import (
     _SATURATION,
     _SATURATION_FLOAT16,
@@ -147,7 +147,7 @@ def _in_two_calls(inners, x, steps, initial_states, want_states):
     forward, backward = inners
     y_f, states_f = run([forward], x, steps, initial_states[:1], want_states)
     reverse = as_tensor(steps.reverse)
-    x_rev = mops.gather_time(x, reverse)
+    x_rev = gather_time(x, reverse)
     y_b, states_b = run([backward], x_rev, steps, initial_states[1:], want_states)
-    y_b = mops.gather_time(y_b, reverse)
+    y_b = gather_time(y_b, reverse)
     return torch.cat([y_f, as_tensor(y_b)], 2), states_f + states_b

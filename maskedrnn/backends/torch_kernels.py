@@ -12,7 +12,7 @@ import weakref
 import keras
 import torch
 
-from maskedrnn.convert.gate_layout import swap_gru_zr
+from maskedrnn._gate_layout import swap_gru_zr
 
 LSTM, GRU, SimpleRNN = keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN
 TANH = (keras.activations.tanh, torch.tanh, keras.ops.tanh)

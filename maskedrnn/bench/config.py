@@ -2,8 +2,7 @@
 
 The implementation names, the size presets, the command-line parser and
 the synthetic data (per-row lengths, and where each row's valid steps sit:
-`--padding post|pre|holes`; `edge_mask`, every padding pattern in one
-small batch).
+`--padding post|pre|holes`).
 """
 
 import argparse
@@ -201,26 +200,6 @@ def make_mask(lengths, time, padding="post", seed=0):
     )
 
 
-def edge_mask():
-    """A 6 x 7 mask holding every padding pattern a masked layer must get
-    right, one per row.
-
-    Row 0 is right-padded (4 steps), row 1 left-padded (4 steps, the
-    `keras.utils.pad_sequences` default), row 2 has holes, row 3 is all
-    padding, row 4 is full and row 5 has one step.
-
-    Returns:
-        bool numpy array of shape `(6, 7)`.
-    """
-    mask = np.ones((6, 7), bool)
-    mask[0, 4:] = False
-    mask[1, :3] = False
-    mask[2, [1, 3, 4]] = False
-    mask[3, :] = False
-    mask[5, 1:] = False
-    return mask
-
-
 def valid_first_permutation(mask):
     """Per-row time index that puts the valid steps first (in order).
 
@@ -370,7 +349,7 @@ def build_parser():
         default=0,
         help="seed of the order the cases are timed in: a new random order "
         "every repeat, the same sequence of orders for the same seed "
-        "(default 0; scripts/bench_runs.py gives each round its own, so "
+        "(default 0; maskedrnn.bench.runs gives each round its own, so "
         "that an order that favours one case does not repeat in every "
         "round)",
     )

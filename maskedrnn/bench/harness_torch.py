@@ -149,7 +149,7 @@ class Harness:
                     y = y[rows, scatter]
             if not return_state:
                 return y
-            from maskedrnn.bench.timing import states_into_sequence
+            from maskedrnn.bench.layers import states_into_sequence
 
             # PyTorch's states are (directions * layers, batch, units) per
             # kind (h, and c for an LSTM), the last layer's last: forward,

@@ -15,6 +15,28 @@ def make_cell(cell, units, return_state=False, **kwargs):
     return cls(units, return_sequences=True, return_state=return_state, **kwargs)
 
 
+def states_into_sequence(sequence, *states, directions=2):
+    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps
+    (`directions=1`: `sequence + state_k`).
+
+    `--return-state`: applied to the outputs `[sequence, forward states...,
+    backward states...]` of every implementation, Keras' and PyTorch's alike,
+    so that the timed output, the loss and the checks all depend on the
+    final states. A plain function inside each timed step, not a Keras layer
+    around the timed one: a wrapper layer's `Layer.__call__` (a noticeable
+    cost on eager torch) would be charged to the Keras implementations
+    only."""
+    if directions == 1:
+        for state in states:
+            sequence = sequence + keras.ops.expand_dims(state, 1)
+        return sequence
+    half = len(states) // 2
+    for forward, backward in zip(states[:half], states[half:]):
+        both = keras.ops.concatenate([forward, backward], axis=-1)
+        sequence = sequence + keras.ops.expand_dims(both, 1)
+    return sequence
+
+
 class Stacked(keras.layers.Layer):
     """`--layers N`: bidirectional layers called one after the other, each
     with the same call arguments (`mask=` or `lengths=`), as a user stacks

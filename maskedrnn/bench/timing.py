@@ -10,7 +10,7 @@ import numpy as np
 from maskedrnn import backends
 from maskedrnn.bench import config, first_call, kernels, report
 from maskedrnn.bench.config import CEILINGS, IMPLS, REFERENCE, TORCH_ONLY
-from maskedrnn.bench.layers import BenchLayers
+from maskedrnn.bench.layers import BenchLayers, states_into_sequence
 
 
 def backend_module(backend):
@@ -70,28 +70,6 @@ class Progress:
 
 def max_abs_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-
-
-def states_into_sequence(sequence, *states, directions=2):
-    """`sequence + [fwd_k, bwd_k]` for each state kind k, over all steps
-    (`directions=1`: `sequence + state_k`).
-
-    `--return-state`: applied to the outputs `[sequence, forward states...,
-    backward states...]` of every implementation, Keras' and PyTorch's alike,
-    so that the timed output, the loss and the checks all depend on the
-    final states. A plain function inside each timed step, not a Keras layer
-    around the timed one: a wrapper layer's `Layer.__call__` (a noticeable
-    cost on eager torch) would be charged to the Keras implementations
-    only."""
-    if directions == 1:
-        for state in states:
-            sequence = sequence + keras.ops.expand_dims(state, 1)
-        return sequence
-    half = len(states) // 2
-    for forward, backward in zip(states[:half], states[half:]):
-        both = keras.ops.concatenate([forward, backward], axis=-1)
-        sequence = sequence + keras.ops.expand_dims(both, 1)
-    return sequence
 
 
 def run(args):
@@ -365,7 +343,7 @@ def case_orders(cases, repeats, seed=0):
     implementation finds the caches and the allocator in another state
     than one timed after a small inference step (a fixed rotation made the
     first inference case always follow the last training case). The same
-    `seed` (`--order-seed`) gives the same orders; `scripts/bench_runs.py`
+    `seed` (`--order-seed`) gives the same orders; `maskedrnn.bench.runs`
     gives each of its rounds another.
 
     Args:

@@ -1,9 +1,9 @@
 """Compares bench results before and after a change, case by case.
 
-    python scripts/bench_compare.py BEFORE_DIR AFTER_DIR NAME [NAME ...]
+    python -m maskedrnn.bench.compare BEFORE_DIR AFTER_DIR NAME [NAME ...]
 
 reads `BEFORE_DIR/NAME.json` and `AFTER_DIR/NAME.json` (the bench's JSON,
-e.g. `docs/results/cpu-torch-lstm.json` written by `scripts/bench_cpu.sh`
+e.g. `docs/results/cpu-torch-lstm.json` written by `maskedrnn.bench.cpu`
 in two checkouts) and prints, for every ratio of ours to a baseline the
 two runs share (`maskedrnn.bench.report.ratios`), the ratio before and
 after with its 95% interval (`report.ratio_interval`, a paired bootstrap

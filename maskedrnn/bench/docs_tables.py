@@ -15,7 +15,7 @@ against the JSON):
   after the first such table is recounted, with how many of the missed
   figures have the target inside their interval;
 - `<!-- bench-runs docs/results/runs-X.json -->`: the summary of
-  `scripts/bench_runs.py`'s rounds, one row per run name, mode and ratio
+  `maskedrnn.bench.runs`' rounds, one row per run name, mode and ratio
   with a target (`runs_table`);
 - `<!-- bench-first-call -->`: one row per JSON file and ratio; its
   `fwd+bwd` and `fwd` cells are the JSON's `first_call_ratios` (with the
@@ -28,10 +28,10 @@ against the JSON):
   later epochs, their ratio against a target, and the command that wrote
   the file (`demo_table`).
 
-Run after `scripts/bench_cpu.sh`:
+Run after `python -m maskedrnn.bench.cpu`:
 
-    python scripts/bench_docs.py            # rewrites the pages
-    python scripts/bench_docs.py --check    # exit 1 if it would change
+    python -m maskedrnn.bench.docs_tables            # rewrites the pages
+    python -m maskedrnn.bench.docs_tables --check    # exit 1 if it would change
 """
 
 import argparse
@@ -40,12 +40,12 @@ import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from maskedrnn.bench import report
+
+# The project's checkout (this module is maskedrnn/bench/docs_tables.py).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The pages whose marked tables come from docs/results.
 PAGES = [ROOT / "docs" / "benchmarks.md", ROOT / "README.md"]
-sys.path.insert(0, str(ROOT))
-
-from maskedrnn.bench import report  # noqa: E402
 
 TABLE = re.compile(r"(<!-- bench-table (\S+) -->\n)((?:\|.*\n)+)")
 RATIOS = re.compile(r"(<!-- bench-ratios -->\n)((?:\|.*\n)+)")
@@ -59,7 +59,7 @@ MODES = {"train": "fwd+bwd", "infer": "fwd"}
 
 
 def runs_table(runs):
-    """The Markdown table of a `scripts/bench_runs.py` JSON: per run name,
+    """The Markdown table of a `maskedrnn.bench.runs` JSON: per run name,
     mode and ratio with a target, the median, lowest and highest ratio over
     the rounds and in how many rounds the rounded ratio met the target."""
     rounds = len(runs["rounds"])
@@ -95,31 +95,18 @@ def _cell(value, limit):
     return f"{value} **missed** by {float(value) - limit:.2f}"
 
 
-def _ratio_table(table, counts):
+def _rewrite_rows(table, fill):
+    """`table` (header, rule, rows) with each row's cells set from its JSON:
+    `fill(row, results)` gets the row (header -> cell) and the loaded JSON
+    of its `JSON` cell and returns `{column: new cell}`."""
     lines = table.rstrip("\n").split("\n")
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     out = lines[:2]
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         row = dict(zip(header, cells))
-        results = _load(row["JSON"].strip("`"))
-        ratio = row["ratio"].strip("`")
-        target = row.get("target")
-        limit = None if target in (None, "–") else float(target.removeprefix("≤ "))
-        intervals = []
-        for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
-            value = f"{results['ratios'][mode][ratio]:.2f}"
-            cells[header.index(column)] = _cell(value, limit)
-            low, high = report.ratio_interval(results["rows"], mode, ratio)
-            intervals.append(f"{low:.2f}–{high:.2f}")
-            if limit is not None:
-                met = cells[header.index(column)].endswith("met")
-                counts.append((met, low <= limit))
-        if INTERVAL in header:
-            cells[header.index(INTERVAL)] = "; ".join(intervals)
-        if "load 1 min" in header:
-            load = results["environment"]["load_average_1m"]
-            cells[header.index("load 1 min")] = f"{load:.1f}"
+        for column, value in fill(row, _load(row["JSON"].strip("`"))).items():
+            cells[header.index(column)] = value
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -129,31 +116,66 @@ def _limit(row):
     return None if target in (None, "–") else float(target.removeprefix("≤ "))
 
 
+def _ratio_cells(row, results, counts):
+    ratio = row["ratio"].strip("`")
+    limit = _limit(row)
+    values, intervals = {}, []
+    for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
+        values[column] = _cell(f"{results['ratios'][mode][ratio]:.2f}", limit)
+        low, high = report.ratio_interval(results["rows"], mode, ratio)
+        intervals.append(f"{low:.2f}–{high:.2f}")
+        if limit is not None:
+            counts.append((values[column].endswith("met"), low <= limit))
+    if INTERVAL in row:
+        values[INTERVAL] = "; ".join(intervals)
+    if "load 1 min" in row:
+        values["load 1 min"] = f"{results['environment']['load_average_1m']:.1f}"
+    return values
+
+
+def _first_call_cells(row, results):
+    ratio = row["ratio"].strip("`")
+    first = results.get("first_call_ratios")
+    rows = {(r["impl"], r["mode"]): r for r in results["rows"]}
+    values = {}
+    for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
+        values[column] = NOT_MEASURED
+        if first is not None:
+            values[column] = _cell(f"{first[mode][ratio]:.2f}", _limit(row))
+    for column, impl in zip(("ours ms", "this ms"), ratio.split("/")):
+        ms = [rows[impl, m].get("first_call_ms") for m in ("train", "infer")]
+        values[column] = (
+            NOT_MEASURED if None in ms else "; ".join(f"{v:.0f}" for v in ms)
+        )
+    values["load 1 min"] = f"{results['environment']['load_average_1m']:.1f}"
+    return values
+
+
+def _demo_cells(row, results):
+    models = results["models"]
+    ours = models[next(iter(models))]
+    keras_masked = models["keras_masked"]
+    return {
+        "ours first epoch s": f"{ours['first_epoch_s']:.1f}",
+        "Keras masked first epoch s": f"{keras_masked['first_epoch_s']:.1f}",
+        "ours ÷ Keras masked": _cell(
+            f"{ours['first_epoch_s'] / keras_masked['first_epoch_s']:.2f}",
+            _limit(row),
+        ),
+        "s/epoch after (ours; Keras masked)": (
+            f"{ours['epoch_s']:.2f}; {keras_masked['epoch_s']:.2f}"
+        ),
+        "command": "`KERAS_BACKEND=%s %s`"
+        % (results["backend"], " ".join(results["command"])),
+    }
+
+
+def _ratio_table(table, counts):
+    return _rewrite_rows(table, lambda row, res: _ratio_cells(row, res, counts))
+
+
 def _first_call_table(table):
-    lines = table.rstrip("\n").split("\n")
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    out = lines[:2]
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        row = dict(zip(header, cells))
-        results = _load(row["JSON"].strip("`"))
-        ratio = row["ratio"].strip("`")
-        first = results.get("first_call_ratios")
-        rows = {(r["impl"], r["mode"]): r for r in results["rows"]}
-        for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
-            cell = NOT_MEASURED
-            if first is not None:
-                cell = _cell(f"{first[mode][ratio]:.2f}", _limit(row))
-            cells[header.index(column)] = cell
-        for column, impl in zip(("ours ms", "this ms"), ratio.split("/")):
-            ms = [rows[impl, m].get("first_call_ms") for m in ("train", "infer")]
-            cells[header.index(column)] = (
-                NOT_MEASURED if None in ms else "; ".join(f"{v:.0f}" for v in ms)
-            )
-        load = results["environment"]["load_average_1m"]
-        cells[header.index("load 1 min")] = f"{load:.1f}"
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+    return _rewrite_rows(table, _first_call_cells)
 
 
 def demo_table(table):
@@ -161,33 +183,7 @@ def demo_table(table):
     each row: ours' (the first model) and Keras' masked model's first epoch
     and mean later epoch in seconds, ours ÷ Keras' first epoch (with its
     verdict against the row's target) and the command that wrote the file."""
-    lines = table.rstrip("\n").split("\n")
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    out = lines[:2]
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        row = dict(zip(header, cells))
-        results = _load(row["JSON"].strip("`"))
-        models = results["models"]
-        ours = models[next(iter(models))]
-        keras_masked = models["keras_masked"]
-        values = {
-            "ours first epoch s": f"{ours['first_epoch_s']:.1f}",
-            "Keras masked first epoch s": f"{keras_masked['first_epoch_s']:.1f}",
-            "ours ÷ Keras masked": _cell(
-                f"{ours['first_epoch_s'] / keras_masked['first_epoch_s']:.2f}",
-                _limit(row),
-            ),
-            "s/epoch after (ours; Keras masked)": (
-                f"{ours['epoch_s']:.2f}; {keras_masked['epoch_s']:.2f}"
-            ),
-            "command": "`KERAS_BACKEND=%s %s`"
-            % (results["backend"], " ".join(results["command"])),
-        }
-        for column, value in values.items():
-            cells[header.index(column)] = value
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+    return _rewrite_rows(table, _demo_cells)
 
 
 def rewrite(page):

@@ -1,4 +1,4 @@
-"""Runs `scripts/bench_cpu.sh` runs several times over and collects their
+"""Runs `maskedrnn.bench.cpu` runs several times over and collects their
 ratios: how much a figure moves between separate runs of the same code.
 
 One bench run gives each ratio with a 95% interval from its own repeats
@@ -12,7 +12,7 @@ intervals and the 1-minute load average, and per run name and ratio the
 median, lowest and highest value over the rounds and how many rounds met
 the target (`--target RATIO=LIMIT`, e.g. `maskedrnn/keras_masked=1.0`).
 Each round rewrites `docs/results/cpu-<run>.json`: the last round's files
-stay, as `scripts/bench_cpu.sh` leaves them.
+stay, as `maskedrnn.bench.cpu` leaves them. Run from the project root.
 
 Round k (from 0) times its cases in the orders of `--order-seed k`: one
 bench run takes a new random order each repeat, but the same sequence of
@@ -24,7 +24,7 @@ round, `python_probe_ms` times a fixed pure-Python workload in this
 process (`python_probe`): how fast the shared machine runs Python at the
 time, which moves the torch figures that Python overhead decides.
 
-    python scripts/bench_runs.py --rounds 10 \\
+    python -m maskedrnn.bench.runs --rounds 10 \\
         --target maskedrnn/torch_packed=1.0 \\
         --out docs/results/runs-torch-rnn-gru-state.json \\
         torch-rnn-gru-state
@@ -41,10 +41,7 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from maskedrnn.bench.report import ratio_interval  # noqa: E402
+from maskedrnn.bench.report import ratio_interval
 
 
 def python_probe(repeats=5):
@@ -71,18 +68,18 @@ def python_probe(repeats=5):
 
 
 def one_round(names, order_seed=0):
-    """Runs `scripts/bench_cpu.sh` once for `names`, its cases timed in the
+    """Runs `maskedrnn.bench.cpu` once for `names`, its cases timed in the
     orders of `order_seed`; returns, per name, its ratios, intervals and
     load."""
     subprocess.run(
-        ["bash", str(ROOT / "scripts" / "bench_cpu.sh"), *names],
+        [sys.executable, "-m", "maskedrnn.bench.cpu", *names],
         check=True,
         stdout=subprocess.DEVNULL,
         env={**os.environ, "BENCH_ARGS": f"--order-seed {order_seed}"},
     )
     found = {}
     for name in names:
-        with open(ROOT / "docs" / "results" / f"cpu-{name}.json") as f:
+        with open(pathlib.Path("docs", "results", f"cpu-{name}.json")) as f:
             results = json.load(f)
         found[name] = {
             "order_seed": results["config"]["order_seed"],
@@ -125,7 +122,7 @@ def summarize(rounds, names, targets):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="+", help="runs of scripts/bench_cpu.sh")
+    parser.add_argument("names", nargs="+", help="runs of maskedrnn.bench.cpu")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--target", action="append", default=[])
     parser.add_argument("--out", required=True)
@@ -146,7 +143,7 @@ def main(argv=None):
         rounds.append(one_round(args.names, order_seed=0 if args.same_order else k))
         print(f"round {k + 1} of {args.rounds} done", file=sys.stderr, flush=True)
     result = {
-        "command": "python scripts/bench_runs.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m maskedrnn.bench.runs " + " ".join(argv or sys.argv[1:]),
         "started_utc": started.isoformat(timespec="seconds"),
         "ended_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"
