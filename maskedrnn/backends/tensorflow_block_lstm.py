@@ -220,11 +220,12 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
         sizes = (weights.shape[0] - units, units)
 
         def grad(cs_grad, h_grad):
-            # Eagerly, the step loop runs as a graph (`_backward_graph`).
-            backward = _backward_graph if tf.executing_eagerly() else _backward
-            return backward(
-                x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes
-            )
+            if cs_grad is None:
+                cs_grad = tf.zeros_like(cs)
+            if h_grad is None:
+                h_grad = tf.zeros_like(h)
+            args = (x, h0, c0, weights, gates, cs_grad, h_grad, shared)
+            return _backward_graph(*args, sizes)
 
         return (cs, h), grad
 
@@ -235,11 +236,11 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
 
     `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
-    `cs_grad`, `h_grad` the incoming gradients of `cs` and `h` (None when
-    one is not used); `shared` the direction's `constants`; `sizes` the
-    ints `(features, units)`. `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`,
-    which orders its gates i, c, f, o) gives one step's gate gradients and
-    the cell state's gradient to the step before.
+    `cs_grad`, `h_grad` the incoming gradients of `cs` and `h`; `shared`
+    the direction's `constants`; `sizes` the ints `(features, units)`.
+    `LSTMBlockCellGrad` (TF1's `LSTMBlockCell`, which orders its gates i,
+    c, f, o) gives one step's gate gradients and the cell state's gradient
+    to the step before.
     """
     i, cs, f, o, ci, co, h = gates
     dtype = x.dtype
@@ -253,10 +254,6 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     # The op only checks the shapes of x, w and b: no inputs, w = w_h.
     no_x = tf.zeros((rows, 0), dtype)
     zero_bias = tf.zeros((4 * units,), dtype)
-    if cs_grad is None:
-        cs_grad = tf.zeros_like(cs)
-    if h_grad is None:
-        h_grad = tf.zeros_like(h)
     gate_grads = tf.TensorArray(
         dtype, size=steps, element_shape=tf.TensorShape([None, 4 * units])
     )
@@ -314,7 +311,35 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     )
 
 
-_backward_graph = tf.function(_backward, reduce_retracing=True)
+# One graph, not inlined: its step loop is optimised once and called by
+# every tier and direction, where an inlined copy would be optimised per call.
+_BACKWARD = tf.function(
+    _backward, autograph=False, experimental_attributes={"_noinline": True}
+)
+
+
+def _backward_graph(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
+    """`_backward` as one traced graph for every tier and direction of the
+    same sizes. The tiers differ in steps and rows, so the graph is traced
+    once with those dimensions unknown, and every tier calls that trace:
+    the step loop is traced once, not once per tier and direction."""
+    rows = tf.TensorSpec((None, sizes[1]), h0.dtype)
+    steps = tf.TensorSpec((None, None, sizes[1]), x.dtype)
+    specs = (
+        tf.TensorSpec((None, None, sizes[0]), x.dtype),
+        rows,
+        rows,
+        tf.TensorSpec(weights.shape, weights.dtype),
+        (steps,) * len(gates),
+        steps,
+        steps,
+        tuple(tf.TensorSpec(t.shape, t.dtype) for t in shared),
+    )
+    # Traced at the first call; every later call with these specs and
+    # sizes, of any steps and rows, runs that trace.
+    _BACKWARD.get_concrete_function(*specs, sizes)
+    gates = tuple(gates)
+    return _BACKWARD(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes)
 
 
 def run(inner, x, initial_state, steps, want_states):
