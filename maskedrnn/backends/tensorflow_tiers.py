@@ -63,36 +63,43 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
     """
     batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
     time = tf.shape(x)[1]
-    if tiers == 1:
-        order = None
-    else:
-        order = tf.argsort(lengths, direction="DESCENDING", stable=True)
-        inverse = tf.math.invert_permutation(order)
-        x = _permute_rows(x, order, inverse)
-        states = [_permute_rows(s, order, inverse) for s in states]
-        lengths = tf.gather(lengths, order)
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    with_zero = tf.concat([lengths, [0]], axis=0)
-    ends = tf.stack([tf.reduce_max(with_zero[rows[k + 1] :]) for k in range(tiers)])
+    if tiers == 1:
+        order = None
+        ends = tf.reduce_max(tf.concat([lengths, [0]], axis=0))[None]
+    else:
+        # top_k sorts stably (equal lengths keep their order), in fewer ops
+        # than tf.argsort.
+        lengths, order = tf.math.top_k(lengths, k=tf.shape(lengths)[0])
+        inverse = tf.math.invert_permutation(order)
+        x = _permute_rows(x, order, inverse)
+        states = [_permute_rows(s, order, inverse) for s in states]
+        # Sorted, the longest row of rows [m, batch) is row m.
+        ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
     starts = tf.concat([[0], ends[:-1]], axis=0)
     sizes = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
     segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
     hs, others = [], [[] for _ in states[1:]]
+    # The slices below share these tensors: a Python slice of a tensor adds
+    # three constants to the graph each time, and its gradient more ops.
+    slices = [tf.constant(v) for v in ([0, 0], [1, 1], [-1, 0], [-1], [0], [1])]
+    sequences = []
     for k in range(tiers):
         x_k = segments[k]
         if k:
-            split = [rows[k], rows[k - 1] - rows[k]]
-            states = [tf.split(s, split)[0] for s in states]
-            x_k = tf.split(x_k, [rows[k], batch - rows[k]], axis=1)[0]
-        sequences = segment(x_k, states)
-        if k + 1 < tiers:
-            # The state after the tier's last step (its input if no steps).
+            # Rows [0, rows[k]) of the tier's steps, and of the states after
+            # the tier before.
+            end = tf.stack([0, rows[k]])
+            x_k = tf.strided_slice(
+                x_k, slices[0], end, slices[1], begin_mask=1, end_mask=1
+            )
             states = [
-                tf.concat([s[None], seq[-1:]], axis=0)[-1]
+                _state_after(s, seq, end, slices)
                 for s, seq in zip(states, sequences)
             ]
+        sequences = segment(x_k, states)
         for kept, seq in zip(others, sequences[1:]):
             kept.append(seq)
         h_k = sequences[0]
@@ -110,6 +117,17 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
         if others is not None:
             others = [tf.gather(s, inverse) for s in others]
     return h, others
+
+
+def _state_after(state, seq, end, slices):
+    """Rows `[0, end[1])` of the state after the last step of `seq`
+    (`state` where `seq` has no steps); `slices` the constant tensors of
+    `run_tiers`."""
+    _, step, last, last_1, first_1, step_1 = slices
+    # seq[-1:]: its last step, or none.
+    final = tf.strided_slice(seq, last_1, first_1, step_1, end_mask=1)
+    both = tf.concat([tf.expand_dims(state, 0), final], axis=0)
+    return tf.strided_slice(both, last, end, step, shrink_axis_mask=1)
 
 
 def _last_states(seqs, lengths, starts, ends, rows):
