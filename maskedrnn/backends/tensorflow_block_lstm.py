@@ -29,14 +29,10 @@ precision computes in float16), outside XLA (the op has no XLA kernel, so
 LiteRT convert).
 """
 
-import sys
-
 import keras
 import tensorflow as tf
 from keras import ops
-from tensorflow.python.ops import control_flow_util
 
-from maskedrnn import backends
 from maskedrnn.backends import Why, soft
 from maskedrnn.backends import tensorflow_tiers as tiers
 
@@ -54,59 +50,30 @@ _ACTIVATIONS = Why(
     "BlockLSTMV2 computes tanh / sigmoid activations only (this LSTM has "
     "other ones)"
 )
-_RECURRENT_DROPOUT = Why(
-    "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
+_WHYS = tiers.Whys(
+    recurrent_dropout=Why(
+        "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
+    ),
+    dtype="the LSTM computes in {} and BlockLSTMV2 has float32 and float16 "
+    "kernels only",
+    portable=Why(
+        "inside maskedrnn.backends.portable(): an export for converters that "
+        "lack BlockLSTMV2 (LiteRT built-in ops, tf2onnx)"
+    ),
+    keras_export=Why(
+        "traced by Keras' exporter (model.export, ExportArchive): an exported "
+        "graph carries Keras' own LSTM, which every converter reads (tf2onnx "
+        "and LiteRT's built-in ops have no BlockLSTMV2)"
+    ),
+    xla=Why(
+        "traced for XLA (jit_compile=True), and BlockLSTMV2 has no XLA kernel"
+    ),
+    unroll=soft("the LSTM has unroll=True, which asks for Keras' unrolled loop"),
+    use_cudnn_false=soft(
+        "the inner layer has use_cudnn=False, which asks for Keras' loop"
+    ),
+    fused_kernel=soft("Keras' LSTM may run cuDNN here (a GPU), which is faster"),
 )
-_XLA = Why(
-    "traced for XLA (jit_compile=True), and BlockLSTMV2 has no XLA kernel"
-)
-_PORTABLE_WHY = Why(
-    "inside maskedrnn.backends.portable(): an export for converters that "
-    "lack BlockLSTMV2 (LiteRT built-in ops, tf2onnx)"
-)
-_KERAS_EXPORT_WHY = Why(
-    "traced by Keras' exporter (model.export, ExportArchive): an exported "
-    "graph carries Keras' own LSTM, which every converter reads (tf2onnx "
-    "and LiteRT's built-in ops have no BlockLSTMV2)"
-)
-_UNROLL = soft("the LSTM has unroll=True, which asks for Keras' unrolled loop")
-_CUDNN = soft("Keras' LSTM may run cuDNN here (a GPU), which is faster")
-_USE_CUDNN_FALSE = soft(
-    "the inner layer has use_cudnn=False, which asks for Keras' loop"
-)
-
-
-def _dtype_why(dtype):
-    return Why(
-        lambda: f"the LSTM computes in {dtype} and BlockLSTMV2 has float32 "
-        "and float16 kernels only"
-    )
-
-
-_KERAS_EXPORT = "keras.src.export"
-
-
-def traced_for_keras_export():
-    """True while Keras' exporter traces the model: `model.export(...)` (a
-    SavedModel, ONNX through tf2onnx, LiteRT) and `keras.export.
-    ExportArchive` trace in functions of `keras.src.export`, found on the
-    Python stack. Checked only while tracing (never in eager calls)."""
-    if tf.executing_eagerly():
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(_KERAS_EXPORT):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def in_xla_context():
-    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
-    if tf.executing_eagerly():
-        return False
-    graph = tf.compat.v1.get_default_graph()
-    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def why_not(inner, has_fused_rnn_kernel):
@@ -126,24 +93,7 @@ def why_not(inner, has_fused_rnn_kernel):
         or cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _ACTIVATIONS
-    if cell.recurrent_dropout:
-        return _RECURRENT_DROPOUT
-    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
-    if dtype not in DTYPES:
-        return _dtype_why(dtype)
-    if backends.portable_only():
-        return _PORTABLE_WHY
-    if traced_for_keras_export():
-        return _KERAS_EXPORT_WHY
-    if in_xla_context():
-        return _XLA
-    if inner.unroll:
-        return _UNROLL
-    if inner.use_cudnn is False:
-        return _USE_CUDNN_FALSE
-    if has_fused_rnn_kernel():
-        return _CUDNN
-    return None
+    return tiers.why_not(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
 
 
 def describe(inner):

@@ -13,9 +13,19 @@ one rule for every cell: tiers of at least a cell's `rows_per_tier` rows
 (what a tier must hold to pay for what it adds: one more fused op for the
 LSTM, one more step loop to trace and run for the GRU and SimpleRNN), a
 batch of unknown size taken as `ASSUMED_BATCH` rows.
+
+Both ways decline the same cases, each in its own words (`why_not`).
 """
 
+import collections
+import sys
+
+import keras
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from maskedrnn import backends
+from maskedrnn.backends import Why
 
 # Tier k holds the longest rows and runs only until the longest row of the
 # tiers after it ends. Each tier is one more recurrence to trace and
@@ -31,6 +41,81 @@ def tier_count(batch, rows_per_tier):
     if batch is None:
         batch = ASSUMED_BATCH
     return max(1, min(MAX_TIERS, batch // rows_per_tier))
+
+
+Whys = collections.namedtuple(
+    "Whys",
+    [
+        "recurrent_dropout",
+        "dtype",
+        "portable",
+        "keras_export",
+        "xla",
+        "unroll",
+        "use_cudnn_false",
+        "fused_kernel",
+    ],
+)
+Whys.__doc__ = """A tiered way's reasons to decline, for `why_not`: `Why`s,
+but `dtype`, a sentence with a `{}` for the dtype."""
+
+
+def why_not(inner, has_fused_rnn_kernel, dtypes, whys):
+    """The checks of every tiered way once the layer's cell and activations
+    are its own: None when the way runs `inner` here and is preferred, else
+    the `Why` of `whys` (a `Whys`) of the first check that fails.
+
+    Args:
+        inner: The inner RNN.
+        has_fused_rnn_kernel: The backend's function of that name (a GPU
+            kernel, which Keras' layer runs instead).
+        dtypes: The compute dtypes the way computes.
+        whys: The way's `Whys`.
+    """
+    if inner.cell.recurrent_dropout:
+        return whys.recurrent_dropout
+    dtype = keras.backend.standardize_dtype(inner.cell.compute_dtype)
+    if dtype not in dtypes:
+        return Why(lambda: whys.dtype.format(dtype))
+    if backends.portable_only():
+        return whys.portable
+    if traced_for_keras_export():
+        return whys.keras_export
+    if in_xla_context():
+        return whys.xla
+    if inner.unroll:
+        return whys.unroll
+    if getattr(inner, "use_cudnn", "auto") is False:
+        return whys.use_cudnn_false
+    if has_fused_rnn_kernel():
+        return whys.fused_kernel
+    return None
+
+
+_KERAS_EXPORT = "keras.src.export"
+
+
+def traced_for_keras_export():
+    """True while Keras' exporter traces the model: `model.export(...)` (a
+    SavedModel, ONNX through tf2onnx, LiteRT) and `keras.export.
+    ExportArchive` trace in functions of `keras.src.export`, found on the
+    Python stack. Checked only while tracing (never in eager calls)."""
+    if tf.executing_eagerly():
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_KERAS_EXPORT):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def in_xla_context():
+    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def run_tiers(x, states, lengths, segment, tiers, want_states):
