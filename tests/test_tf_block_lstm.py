@@ -450,9 +450,9 @@ def test_mixed_precision_in_tiers():
 
 
 def test_eager_gradients_over_several_shapes():
-    """Eagerly the gradient's step loop runs as a graph traced with relaxed
-    shapes after a few calls (`tf.function(reduce_retracing=True)`, the
-    unit count unknown too): every shape still gives Keras' gradients."""
+    """Eagerly the gradient's step loop runs as a graph, traced once per
+    sizes with the steps and rows unknown: every shape still gives Keras'
+    gradients."""
     for batch, time, features, units in [(16, 5, 3, 4), (9, 8, 2, 3), (24, 3, 5, 2)]:
         ref = keras.layers.LSTM(
             units, use_cudnn=False, return_sequences=True, return_state=True
@@ -467,3 +467,59 @@ def test_eager_gradients_over_several_shapes():
         mask = tier_mask(batch, time, seed=1)
         with backends.force(WAY):
             assert_matches(ours, ref, x.astype("float32"), mask=mask)
+
+
+def test_gradient_traced_once_per_sizes(monkeypatch):
+    """The gradient's step loop is one graph traced once per sizes (features,
+    units) with the steps and rows unknown: every tier and direction calls
+    that trace, tiers of unequal rows and steps alike, and a stacked layer
+    of other sizes in the same function gets its own. Outputs and every
+    gradient equal Keras' masked layers'."""
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    # A new copy of the module's graph, with all of its options: no trace
+    # of another test is reused.
+    fresh = tensorflow_block_lstm._BACKWARD._clone(None)
+    monkeypatch.setattr(tensorflow_block_lstm, "_BACKWARD", fresh)
+    batch, time, units = 37, 9, [U, U + 3]
+    ours = [
+        MaskedBidirectional(keras.layers.LSTM(u, return_sequences=True))
+        for u in units
+    ]
+    refs = [
+        keras.layers.Bidirectional(
+            keras.layers.LSTM(u, use_cudnn=False, return_sequences=True)
+        )
+        for u in units
+    ]
+    for i, (a, e) in enumerate(zip(ours, refs)):
+        shape = (None, None, D if i == 0 else 2 * units[0])
+        e.build(shape)
+        a.build(shape)
+        a.set_weights(e.get_weights())
+    x = np.random.default_rng(2).standard_normal((batch, time, D))
+    x = tf.constant(x.astype("float32"))
+    mask = tf.constant(tier_mask(batch, time, seed=3))
+    weight = tf.constant(
+        np.random.default_rng(4).standard_normal((batch, time, 2 * units[1])),
+        "float32",
+    )
+
+    def step(layers):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layers[1](layers[0](x, mask=mask), mask=mask)
+            loss = tf.reduce_sum(y * weight)
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        return y, tape.gradient(loss, [x] + variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert ways_of(plans) == {WAY}
+    # 4 tiers in each of 4 directions, traced twice (once per layer).
+    assert fresh.experimental_get_tracing_count() == 2
+    want, want_grads = step(refs)
+    for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"tensor {i}"
+        )
