@@ -19,7 +19,14 @@ import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from maskedrnn.bench.config import edge_mask
-from tests.helpers import BACKEND, lengths_to_mask, record_calls, to_np
+from tests.helpers import (
+    BACKEND,
+    check_declined_contexts,
+    lengths_to_mask,
+    record_calls,
+    tier_mask,
+    to_np,
+)
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -193,19 +200,6 @@ def test_in_tf_function(jit_compile):
         np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-4, rtol=1e-4)
 
 
-def test_forced_under_xla_is_declined():
-    ours, _ = pair("rnn")
-
-    @tf.function(jit_compile=True)
-    def call(x):
-        return ours(x, mask=edge_mask())
-
-    # tf.function re-raises the `Declined` of its tracing as a StagingError.
-    with backends.force(WAY):
-        with pytest.raises(Exception, match="'tf-block-lstm' cannot run here.*XLA"):
-            call(tf.constant(inputs()))
-
-
 def test_mixed_precision_matches_keras():
     """mixed_float16: both compute in float16 (the op's float16 kernel)."""
     previous = keras.config.dtype_policy()
@@ -300,32 +294,9 @@ def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
         np.testing.assert_allclose(out[good], to_np(exp), atol=1e-5)
 
 
-def test_portable_block_runs_keras_layers():
+def test_declined_under_xla_and_in_portable_block():
     ours, ref = pair("bidirectional")
-    x, mask = inputs(), edge_mask()
-    with backends.portable():
-        assert backends.portable_only()
-        with backends.record() as plans:
-            got = ours(x, mask=mask)
-        assert WAY not in ways_of(plans)
-        with backends.force(WAY):
-            with pytest.raises(backends.Declined, match="portable"):
-                ours(x, mask=mask)
-    assert not backends.portable_only()
-    for a, e in zip(got, ref(x, mask=mask)):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
-
-
-def tier_mask(batch, time, seed):
-    """Every padding pattern over `batch` rows: random lengths, full and
-    empty rows, pre-padding and holes."""
-    rng = np.random.default_rng(seed)
-    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
-    m[0] = True  # full
-    m[1] = False  # empty
-    m[2] = m[2][::-1]  # pre-padded
-    m[3, ::2] = False  # holes
-    return m
+    check_declined_contexts(ours, ref, WAY, inputs(), edge_mask())
 
 
 def tier_sizes(monkeypatch):
