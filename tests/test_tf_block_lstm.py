@@ -360,12 +360,15 @@ def test_tiers_with_steps_to_skip_or_none(lengths, monkeypatch):
     assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
 
 
-def test_tiers_with_an_unknown_batch_size():
+def test_tiers_with_an_unknown_batch_size(monkeypatch):
     """Traced with a `None` batch dimension the batch runs in the tiers of
-    `tensorflow_tiers.ASSUMED_BATCH` rows, some of them empty for a small
-    batch (an empty batch too: empty outputs, zero gradients). One trace
-    serves every batch."""
+    `tensorflow_tiers.ASSUMED_BATCH` rows (2), some of them empty for a
+    small batch (an empty batch too: empty outputs, zero gradients). One
+    trace serves every batch."""
     ours, ref = pair("bidirectional")
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    calls = record_calls(monkeypatch, tensorflow_block_lstm, "block_lstm")
     time = 6
 
     @tf.function(
@@ -405,6 +408,8 @@ def test_tiers_with_an_unknown_batch_size():
                 to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"batch {batch}"
             )
     assert step.experimental_get_tracing_count() == 1
+    # Traced once: 2 tiers in each direction.
+    assert len(calls) == 2 * 2
 
 
 def test_mixed_precision_in_tiers():
