@@ -9,6 +9,7 @@ import tempfile
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 from maskedrnn import MaskedBidirectional, MaskedRNN
@@ -251,6 +252,49 @@ def record_calls(monkeypatch, module, name, position=0):
 
     monkeypatch.setattr(module, name, spy)
     return calls
+
+
+def tier_mask(batch, time, seed):
+    """Every padding pattern over `batch` rows, for the length tiers' tests:
+    random lengths, full and empty rows, pre-padding and holes."""
+    rng = np.random.default_rng(seed)
+    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
+    m[0] = True  # full
+    m[1] = False  # empty
+    m[2] = m[2][::-1]  # pre-padded
+    m[3, ::2] = False  # holes
+    return m
+
+
+def check_declined_contexts(ours, ref, way, x, mask):
+    """A TensorFlow way that declines two contexts: traced for XLA
+    (`jit_compile=True`), forcing `way` raises `Declined` naming XLA; inside
+    `maskedrnn.backends.portable()` the default plan runs Keras' layers, not
+    `way` (forcing it raises `Declined` naming `portable()`), and `ours`
+    gives `ref`'s outputs (Keras' masked layer, same weights)."""
+    import tensorflow as tf
+
+    from maskedrnn import backends
+
+    @tf.function(jit_compile=True)
+    def call(x):
+        return ours(x, mask=mask)
+
+    # tf.function re-raises the `Declined` of its tracing as a StagingError.
+    with backends.force(way):
+        with pytest.raises(Exception, match=f"'{way}' cannot run here.*XLA"):
+            call(tf.constant(x))
+    with backends.portable():
+        assert backends.portable_only()
+        with backends.record() as plans:
+            got = ours(x, mask=mask)
+        assert way not in {d.way for p in plans for d in p.directions}
+        with backends.force(way):
+            with pytest.raises(backends.Declined, match="portable"):
+                ours(x, mask=mask)
+    assert not backends.portable_only()
+    for a, e in zip(got, ref(x, mask=mask)):
+        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
 
 
 def spy_fused_kernels(monkeypatch):

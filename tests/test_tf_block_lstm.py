@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from tests.helpers import BACKEND, edge_mask, lengths_to_mask, record_calls, to_np
+from tests.helpers import (
+    BACKEND,
+    check_declined_contexts,
+    edge_mask,
+    lengths_to_mask,
+    record_calls,
+    tier_mask,
+    to_np,
+)
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -192,19 +200,6 @@ def test_in_tf_function(jit_compile):
         np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-4, rtol=1e-4)
 
 
-def test_forced_under_xla_is_declined():
-    ours, _ = pair("rnn")
-
-    @tf.function(jit_compile=True)
-    def call(x):
-        return ours(x, mask=edge_mask())
-
-    # tf.function re-raises the `Declined` of its tracing as a StagingError.
-    with backends.force(WAY):
-        with pytest.raises(Exception, match="'tf-block-lstm' cannot run here.*XLA"):
-            call(tf.constant(inputs()))
-
-
 def test_mixed_precision_matches_keras():
     """mixed_float16: both compute in float16 (the op's float16 kernel)."""
     previous = keras.config.dtype_policy()
@@ -299,32 +294,9 @@ def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
         np.testing.assert_allclose(out[good], to_np(exp), atol=1e-5)
 
 
-def test_portable_block_runs_keras_layers():
+def test_declined_under_xla_and_in_portable_block():
     ours, ref = pair("bidirectional")
-    x, mask = inputs(), edge_mask()
-    with backends.portable():
-        assert backends.portable_only()
-        with backends.record() as plans:
-            got = ours(x, mask=mask)
-        assert WAY not in ways_of(plans)
-        with backends.force(WAY):
-            with pytest.raises(backends.Declined, match="portable"):
-                ours(x, mask=mask)
-    assert not backends.portable_only()
-    for a, e in zip(got, ref(x, mask=mask)):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
-
-
-def tier_mask(batch, time, seed):
-    """Every padding pattern over `batch` rows: random lengths, full and
-    empty rows, pre-padding and holes."""
-    rng = np.random.default_rng(seed)
-    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
-    m[0] = True  # full
-    m[1] = False  # empty
-    m[2] = m[2][::-1]  # pre-padded
-    m[3, ::2] = False  # holes
-    return m
+    check_declined_contexts(ours, ref, WAY, inputs(), edge_mask())
 
 
 def tier_sizes(monkeypatch):
@@ -388,12 +360,15 @@ def test_tiers_with_steps_to_skip_or_none(lengths, monkeypatch):
     assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
 
 
-def test_tiers_with_an_unknown_batch_size():
+def test_tiers_with_an_unknown_batch_size(monkeypatch):
     """Traced with a `None` batch dimension the batch runs in the tiers of
-    `tensorflow_tiers.ASSUMED_BATCH` rows, some of them empty for a small
-    batch (an empty batch too: empty outputs, zero gradients). One trace
-    serves every batch."""
+    `tensorflow_tiers.ASSUMED_BATCH` rows (2), some of them empty for a
+    small batch (an empty batch too: empty outputs, zero gradients). One
+    trace serves every batch."""
     ours, ref = pair("bidirectional")
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    calls = record_calls(monkeypatch, tensorflow_block_lstm, "block_lstm")
     time = 6
 
     @tf.function(
@@ -433,6 +408,8 @@ def test_tiers_with_an_unknown_batch_size():
                 to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"batch {batch}"
             )
     assert step.experimental_get_tracing_count() == 1
+    # Traced once: 2 tiers in each direction.
+    assert len(calls) == 2 * 2
 
 
 def test_mixed_precision_in_tiers():
@@ -449,9 +426,9 @@ def test_mixed_precision_in_tiers():
 
 
 def test_eager_gradients_over_several_shapes():
-    """Eagerly the gradient's step loop runs as a graph traced with relaxed
-    shapes after a few calls (`tf.function(reduce_retracing=True)`, the
-    unit count unknown too): every shape still gives Keras' gradients."""
+    """Eagerly the gradient's step loop runs as a graph, traced once per
+    sizes with the steps and rows unknown: every shape still gives Keras'
+    gradients."""
     for batch, time, features, units in [(16, 5, 3, 4), (9, 8, 2, 3), (24, 3, 5, 2)]:
         ref = keras.layers.LSTM(
             units, use_cudnn=False, return_sequences=True, return_state=True
@@ -466,3 +443,59 @@ def test_eager_gradients_over_several_shapes():
         mask = tier_mask(batch, time, seed=1)
         with backends.force(WAY):
             assert_matches(ours, ref, x.astype("float32"), mask=mask)
+
+
+def test_gradient_traced_once_per_sizes(monkeypatch):
+    """The gradient's step loop is one graph traced once per sizes (features,
+    units) with the steps and rows unknown: every tier and direction calls
+    that trace, tiers of unequal rows and steps alike, and a stacked layer
+    of other sizes in the same function gets its own. Outputs and every
+    gradient equal Keras' masked layers'."""
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    # A new copy of the module's graph, with all of its options: no trace
+    # of another test is reused.
+    fresh = tensorflow_block_lstm._BACKWARD._clone(None)
+    monkeypatch.setattr(tensorflow_block_lstm, "_BACKWARD", fresh)
+    batch, time, units = 37, 9, [U, U + 3]
+    ours = [
+        MaskedBidirectional(keras.layers.LSTM(u, return_sequences=True))
+        for u in units
+    ]
+    refs = [
+        keras.layers.Bidirectional(
+            keras.layers.LSTM(u, use_cudnn=False, return_sequences=True)
+        )
+        for u in units
+    ]
+    for i, (a, e) in enumerate(zip(ours, refs)):
+        shape = (None, None, D if i == 0 else 2 * units[0])
+        e.build(shape)
+        a.build(shape)
+        a.set_weights(e.get_weights())
+    x = np.random.default_rng(2).standard_normal((batch, time, D))
+    x = tf.constant(x.astype("float32"))
+    mask = tf.constant(tier_mask(batch, time, seed=3))
+    weight = tf.constant(
+        np.random.default_rng(4).standard_normal((batch, time, 2 * units[1])),
+        "float32",
+    )
+
+    def step(layers):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layers[1](layers[0](x, mask=mask), mask=mask)
+            loss = tf.reduce_sum(y * weight)
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        return y, tape.gradient(loss, [x] + variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert ways_of(plans) == {WAY}
+    # 4 tiers in each of 4 directions, traced twice (once per layer).
+    assert fresh.experimental_get_tracing_count() == 2
+    want, want_grads = step(refs)
+    for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"tensor {i}"
+        )

@@ -21,7 +21,15 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
-from tests.helpers import BACKEND, edge_mask, lengths_to_mask, record_calls, to_np
+from tests.helpers import (
+    BACKEND,
+    check_declined_contexts,
+    edge_mask,
+    lengths_to_mask,
+    record_calls,
+    tier_mask,
+    to_np,
+)
 
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
@@ -261,19 +269,6 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
     assert step.experimental_get_tracing_count() == 1
 
 
-def test_forced_under_xla_is_declined(cell):
-    ours, _ = pair(cell, "rnn")
-
-    @tf.function(jit_compile=True)
-    def call(x):
-        return ours(x, mask=edge_mask())
-
-    # tf.function re-raises the `Declined` of its tracing as a StagingError.
-    with backends.force(WAY):
-        with pytest.raises(Exception, match="'tf-tiers' cannot run here.*XLA"):
-            call(tf.constant(inputs()))
-
-
 def test_input_dropout_is_applied_before_the_tiers(cell):
     """Training with input dropout: the tiers read the inputs times the
     cell's dropout mask (one mask for every step, applied by the core), as
@@ -348,30 +343,9 @@ def test_declined_cases_raise_when_forced(cell):
         assert_matches(ours, ref, x, mask=mask)
 
 
-def test_portable_block_runs_keras_layers(cell):
+def test_declined_under_xla_and_in_portable_block(cell):
     ours, ref = pair(cell, "bidirectional")
-    x, mask = inputs(), edge_mask()
-    with backends.portable():
-        with backends.record() as plans:
-            got = ours(x, mask=mask)
-        assert WAY not in ways_of(plans)
-        with backends.force(WAY):
-            with pytest.raises(backends.Declined, match="portable"):
-                ours(x, mask=mask)
-    for a, e in zip(got, ref(x, mask=mask)):
-        np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
-
-
-def tier_mask(batch, time, seed):
-    """Every padding pattern over `batch` rows: random lengths, full and
-    empty rows, pre-padding and holes."""
-    rng = np.random.default_rng(seed)
-    m = np.arange(time)[None] < rng.integers(0, time + 1, batch)[:, None]
-    m[0] = True  # full
-    m[1] = False  # empty
-    m[2] = m[2][::-1]  # pre-padded
-    m[3, ::2] = False  # holes
-    return m
+    check_declined_contexts(ours, ref, WAY, inputs(), edge_mask())
 
 
 def tier_sizes(monkeypatch):

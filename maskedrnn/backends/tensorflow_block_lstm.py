@@ -8,14 +8,10 @@ it cannot run: other activations, float64, XLA, `portable()` and Keras'
 exporter.
 """
 
-import sys
-
 import keras
 import tensorflow as tf
 from keras import ops
-from tensorflow.python.ops import control_flow_util
 
-from maskedrnn import backends
 from maskedrnn.backends import Why, soft
 from maskedrnn.backends import tensorflow_tiers as tiers
 
@@ -32,59 +28,30 @@ _ACTIVATIONS = Why(
     "BlockLSTMV2 computes tanh / sigmoid activations only (this LSTM has "
     "other ones)"
 )
-_RECURRENT_DROPOUT = Why(
-    "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
+_WHYS = tiers.Whys(
+    recurrent_dropout=Why(
+        "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
+    ),
+    dtype="the LSTM computes in {} and BlockLSTMV2 has float32 and float16 "
+    "kernels only",
+    portable=Why(
+        "inside maskedrnn.backends.portable(): an export for converters that "
+        "lack BlockLSTMV2 (LiteRT built-in ops, tf2onnx)"
+    ),
+    keras_export=Why(
+        "traced by Keras' exporter (model.export, ExportArchive): an exported "
+        "graph carries Keras' own LSTM, which every converter reads (tf2onnx "
+        "and LiteRT's built-in ops have no BlockLSTMV2)"
+    ),
+    xla=Why(
+        "traced for XLA (jit_compile=True), and BlockLSTMV2 has no XLA kernel"
+    ),
+    unroll=soft("the LSTM has unroll=True, which asks for Keras' unrolled loop"),
+    use_cudnn_false=soft(
+        "the inner layer has use_cudnn=False, which asks for Keras' loop"
+    ),
+    fused_kernel=soft("Keras' LSTM may run cuDNN here (a GPU), which is faster"),
 )
-_XLA = Why(
-    "traced for XLA (jit_compile=True), and BlockLSTMV2 has no XLA kernel"
-)
-_PORTABLE_WHY = Why(
-    "inside maskedrnn.backends.portable(): an export for converters that "
-    "lack BlockLSTMV2 (LiteRT built-in ops, tf2onnx)"
-)
-_KERAS_EXPORT_WHY = Why(
-    "traced by Keras' exporter (model.export, ExportArchive): an exported "
-    "graph carries Keras' own LSTM, which every converter reads (tf2onnx "
-    "and LiteRT's built-in ops have no BlockLSTMV2)"
-)
-_UNROLL = soft("the LSTM has unroll=True, which asks for Keras' unrolled loop")
-_CUDNN = soft("Keras' LSTM may run cuDNN here (a GPU), which is faster")
-_USE_CUDNN_FALSE = soft(
-    "the inner layer has use_cudnn=False, which asks for Keras' loop"
-)
-
-
-def _dtype_why(dtype):
-    return Why(
-        lambda: f"the LSTM computes in {dtype} and BlockLSTMV2 has float32 "
-        "and float16 kernels only"
-    )
-
-
-_KERAS_EXPORT = "keras.src.export"
-
-
-def traced_for_keras_export():
-    """True while Keras' exporter traces, found on the Python stack.
-
-    Exported graphs keep Keras' LSTM, which tf2onnx and LiteRT convert.
-    """
-    if tf.executing_eagerly():
-        return False
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith(_KERAS_EXPORT):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def in_xla_context():
-    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
-    if tf.executing_eagerly():
-        return False
-    graph = tf.compat.v1.get_default_graph()
-    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def why_not(inner, has_fused_rnn_kernel):
@@ -105,24 +72,7 @@ def why_not(inner, has_fused_rnn_kernel):
         or cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _ACTIVATIONS
-    if cell.recurrent_dropout:
-        return _RECURRENT_DROPOUT
-    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
-    if dtype not in DTYPES:
-        return _dtype_why(dtype)
-    if backends.portable_only():
-        return _PORTABLE_WHY
-    if traced_for_keras_export():
-        return _KERAS_EXPORT_WHY
-    if in_xla_context():
-        return _XLA
-    if inner.unroll:
-        return _UNROLL
-    if inner.use_cudnn is False:
-        return _USE_CUDNN_FALSE
-    if has_fused_rnn_kernel():
-        return _CUDNN
-    return None
+    return tiers.why_not(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
 
 
 def describe(inner):
@@ -189,11 +139,12 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
         sizes = (weights.shape[0] - units, units)
 
         def grad(cs_grad, h_grad):
-            # Eagerly, the step loop runs as a graph (`_backward_graph`).
-            backward = _backward_graph if tf.executing_eagerly() else _backward
-            return backward(
-                x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes
-            )
+            if cs_grad is None:
+                cs_grad = tf.zeros_like(cs)
+            if h_grad is None:
+                h_grad = tf.zeros_like(h)
+            args = (x, h0, c0, weights, gates, cs_grad, h_grad, shared)
+            return _backward_graph(*args, sizes)
 
         return (cs, h), grad
 
@@ -203,8 +154,10 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
 def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
 
-    `gates` are `BlockLSTMV2`'s outputs; `cs_grad`, `h_grad` may be None.
-    `LSTMBlockCellGrad` (gates i, c, f, o) steps back one step at a time.
+    `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
+    `cs_grad`, `h_grad` may be None; `shared` the direction's `constants`;
+    `sizes` the ints `(features, units)`. `LSTMBlockCellGrad` (gates i, c,
+    f, o) steps back one step at a time.
     """
     i, cs, f, o, ci, co, h = gates
     dtype = x.dtype
@@ -218,10 +171,6 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     # The op only checks the shapes of x, w and b: no inputs, w = w_h.
     no_x = tf.zeros((rows, 0), dtype)
     zero_bias = tf.zeros((4 * units,), dtype)
-    if cs_grad is None:
-        cs_grad = tf.zeros_like(cs)
-    if h_grad is None:
-        h_grad = tf.zeros_like(h)
     gate_grads = tf.TensorArray(
         dtype, size=steps, element_shape=tf.TensorShape([None, 4 * units])
     )
@@ -278,7 +227,35 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     )
 
 
-_backward_graph = tf.function(_backward, reduce_retracing=True)
+# One graph, not inlined: its step loop is optimised once and called by
+# every tier and direction, where an inlined copy would be optimised per call.
+_BACKWARD = tf.function(
+    _backward, autograph=False, experimental_attributes={"_noinline": True}
+)
+
+
+def _backward_graph(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
+    """`_backward` as one traced graph for every tier and direction of the
+    same sizes. The tiers differ in steps and rows, so the graph is traced
+    once with those dimensions unknown, and every tier calls that trace:
+    the step loop is traced once, not once per tier and direction."""
+    rows = tf.TensorSpec((None, sizes[1]), h0.dtype)
+    steps = tf.TensorSpec((None, None, sizes[1]), x.dtype)
+    specs = (
+        tf.TensorSpec((None, None, sizes[0]), x.dtype),
+        rows,
+        rows,
+        tf.TensorSpec(weights.shape, weights.dtype),
+        (steps,) * len(gates),
+        steps,
+        steps,
+        tuple(tf.TensorSpec(t.shape, t.dtype) for t in shared),
+    )
+    # Traced at the first call; every later call with these specs and
+    # sizes, of any steps and rows, runs that trace.
+    _BACKWARD.get_concrete_function(*specs, sizes)
+    gates = tuple(gates)
+    return _BACKWARD(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes)
 
 
 def run(inner, x, initial_state, steps, want_states):

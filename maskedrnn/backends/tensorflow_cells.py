@@ -12,9 +12,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from maskedrnn import backends
 from maskedrnn.backends import Why, soft
-from maskedrnn.backends import tensorflow_block_lstm as block_lstm
 from maskedrnn.backends import tensorflow_tiers as tiers
 
 WAY = "tf-tiers"
@@ -33,34 +31,33 @@ _GRU_ACTIVATIONS = Why(
 _RNN_ACTIVATION = Why(
     "the tiers compute a SimpleRNN's tanh activation only (this one has another)"
 )
-_RECURRENT_DROPOUT = Why("recurrent_dropout > 0 (the tiers have no recurrent dropout)")
-_XLA = Why(
-    "traced for XLA (jit_compile=True), which needs the tiers' sizes when "
-    "tracing (they depend on the batch's lengths)"
+_WHYS = tiers.Whys(
+    recurrent_dropout=Why(
+        "recurrent_dropout > 0 (the tiers have no recurrent dropout)"
+    ),
+    dtype="the layer computes in {}; the tiers compute float16, float32 and "
+    "float64",
+    portable=Why(
+        "inside maskedrnn.backends.portable(): an export keeps Keras' own layer "
+        "for converters (LiteRT built-in ops, tf2onnx)"
+    ),
+    keras_export=Why(
+        "traced by Keras' exporter (model.export, ExportArchive): an exported "
+        "graph carries Keras' own layer, which every converter reads"
+    ),
+    xla=Why(
+        "traced for XLA (jit_compile=True), which needs the tiers' sizes when "
+        "tracing (they depend on the batch's lengths)"
+    ),
+    unroll=soft("the layer has unroll=True, which asks for Keras' unrolled loop"),
+    use_cudnn_false=soft(
+        "the inner layer has use_cudnn=False, which asks for Keras' loop"
+    ),
+    fused_kernel=soft(
+        "a GPU is visible, where Keras' layer runs (cuDNN for a GRU); the tiers "
+        "are built for a CPU"
+    ),
 )
-_PORTABLE = Why(
-    "inside maskedrnn.backends.portable(): an export keeps Keras' own layer "
-    "for converters (LiteRT built-in ops, tf2onnx)"
-)
-_KERAS_EXPORT = Why(
-    "traced by Keras' exporter (model.export, ExportArchive): an exported "
-    "graph carries Keras' own layer, which every converter reads"
-)
-_UNROLL = soft("the layer has unroll=True, which asks for Keras' unrolled loop")
-_USE_CUDNN_FALSE = soft(
-    "the inner layer has use_cudnn=False, which asks for Keras' loop"
-)
-_GPU = soft(
-    "a GPU is visible, where Keras' layer runs (cuDNN for a GRU); the tiers "
-    "are built for a CPU"
-)
-
-
-def _dtype_why(dtype):
-    return Why(
-        lambda: f"the layer computes in {dtype}; the tiers compute float16, "
-        "float32 and float64"
-    )
 
 
 def why_not(inner, has_fused_rnn_kernel):
@@ -84,24 +81,7 @@ def why_not(inner, has_fused_rnn_kernel):
         and cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _GRU_ACTIVATIONS
-    if cell.recurrent_dropout:
-        return _RECURRENT_DROPOUT
-    dtype = keras.backend.standardize_dtype(cell.compute_dtype)
-    if dtype not in DTYPES:
-        return _dtype_why(dtype)
-    if backends.portable_only():
-        return _PORTABLE
-    if block_lstm.traced_for_keras_export():
-        return _KERAS_EXPORT
-    if block_lstm.in_xla_context():
-        return _XLA
-    if inner.unroll:
-        return _UNROLL
-    if getattr(inner, "use_cudnn", "auto") is False:
-        return _USE_CUDNN_FALSE
-    if has_fused_rnn_kernel():
-        return _GPU
-    return None
+    return tiers.why_not(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
 
 
 def describe(inner):

@@ -3,14 +3,26 @@
 Rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
 group of rows leaves once its longest row has ended. The LSTM and the GRU
 and SimpleRNN cells differ only in the `segment` that runs one tier.
+
+The tier count comes from what is known at trace time (`tier_count`): tiers
+of at least a cell's `rows_per_tier` rows, a batch of unknown size taken as
+`ASSUMED_BATCH` rows. Both ways decline the same cases (`why_not`).
 """
 
+import collections
+import sys
+
+import keras
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from maskedrnn import backends
+from maskedrnn.backends import Why
 
 # Each tier is one more recurrence to trace; an unknown batch counts as
-# Keras' default batch size.
+# 16 rows (2 LSTM tiers, as fast as 4 at a batch of 32 and less to trace).
 MAX_TIERS = 8
-ASSUMED_BATCH = 32
+ASSUMED_BATCH = 16
 
 
 def tier_count(batch, rows_per_tier):
@@ -18,6 +30,81 @@ def tier_count(batch, rows_per_tier):
     if batch is None:
         batch = ASSUMED_BATCH
     return max(1, min(MAX_TIERS, batch // rows_per_tier))
+
+
+Whys = collections.namedtuple(
+    "Whys",
+    [
+        "recurrent_dropout",
+        "dtype",
+        "portable",
+        "keras_export",
+        "xla",
+        "unroll",
+        "use_cudnn_false",
+        "fused_kernel",
+    ],
+)
+Whys.__doc__ = """A tiered way's reasons to decline, for `why_not`: `Why`s,
+but `dtype`, a sentence with a `{}` for the dtype."""
+
+
+def why_not(inner, has_fused_rnn_kernel, dtypes, whys):
+    """The checks of every tiered way once the layer's cell and activations
+    are its own: None when the way runs `inner` here and is preferred, else
+    the `Why` of `whys` (a `Whys`) of the first check that fails.
+
+    Args:
+        inner: The inner RNN.
+        has_fused_rnn_kernel: The backend's function of that name (a GPU
+            kernel, which Keras' layer runs instead).
+        dtypes: The compute dtypes the way computes.
+        whys: The way's `Whys`.
+    """
+    if inner.cell.recurrent_dropout:
+        return whys.recurrent_dropout
+    dtype = keras.backend.standardize_dtype(inner.cell.compute_dtype)
+    if dtype not in dtypes:
+        return Why(lambda: whys.dtype.format(dtype))
+    if backends.portable_only():
+        return whys.portable
+    if traced_for_keras_export():
+        return whys.keras_export
+    if in_xla_context():
+        return whys.xla
+    if inner.unroll:
+        return whys.unroll
+    if getattr(inner, "use_cudnn", "auto") is False:
+        return whys.use_cudnn_false
+    if has_fused_rnn_kernel():
+        return whys.fused_kernel
+    return None
+
+
+_KERAS_EXPORT = "keras.src.export"
+
+
+def traced_for_keras_export():
+    """True while Keras' exporter traces the model: `model.export(...)` (a
+    SavedModel, ONNX through tf2onnx, LiteRT) and `keras.export.
+    ExportArchive` trace in functions of `keras.src.export`, found on the
+    Python stack. Checked only while tracing (never in eager calls)."""
+    if tf.executing_eagerly():
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(_KERAS_EXPORT):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def in_xla_context():
+    """True while tracing a function that XLA compiles (`jit_compile=True`)."""
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
 def run_tiers(x, states, lengths, segment, tiers, want_states):
@@ -45,35 +132,43 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
     """
     batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
     time = tf.shape(x)[1]
+    # Tier k ends where the longest row of those after it ends: a trailing
+    # 0 for the last tier, which holds every row.
+    rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
     if tiers == 1:
         order = None
+        ends = tf.reduce_max(tf.concat([lengths, [0]], axis=0))[None]
     else:
-        order = tf.argsort(lengths, direction="DESCENDING", stable=True)
+        # top_k sorts stably (equal lengths keep their order), in fewer ops
+        # than tf.argsort.
+        lengths, order = tf.math.top_k(lengths, k=tf.shape(lengths)[0])
         inverse = tf.math.invert_permutation(order)
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
-        lengths = tf.gather(lengths, order)
-    # A trailing 0 for the last tier, which holds every row.
-    rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    with_zero = tf.concat([lengths, [0]], axis=0)
-    ends = tf.stack([tf.reduce_max(with_zero[rows[k + 1] :]) for k in range(tiers)])
+        # Sorted, the longest row of rows [m, batch) is row m.
+        ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
     starts = tf.concat([[0], ends[:-1]], axis=0)
     sizes = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
     segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
     hs, others = [], [[] for _ in states[1:]]
+    # The slices below share these tensors: a Python slice of a tensor adds
+    # three constants to the graph each time, and its gradient more ops.
+    slices = [tf.constant(v) for v in ([0, 0], [1, 1], [-1, 0], [-1], [0], [1])]
+    sequences = []
     for k in range(tiers):
         x_k = segments[k]
         if k:
-            split = [rows[k], rows[k - 1] - rows[k]]
-            states = [tf.split(s, split)[0] for s in states]
-            x_k = tf.split(x_k, [rows[k], batch - rows[k]], axis=1)[0]
-        sequences = segment(x_k, states)
-        if k + 1 < tiers:
-            # The state after the tier's last step (its input if no steps).
+            # Rows [0, rows[k]) of the tier's steps, and of the states after
+            # the tier before.
+            end = tf.stack([0, rows[k]])
+            x_k = tf.strided_slice(
+                x_k, slices[0], end, slices[1], begin_mask=1, end_mask=1
+            )
             states = [
-                tf.concat([s[None], seq[-1:]], axis=0)[-1]
+                _state_after(s, seq, end, slices)
                 for s, seq in zip(states, sequences)
             ]
+        sequences = segment(x_k, states)
         for kept, seq in zip(others, sequences[1:]):
             kept.append(seq)
         h_k = sequences[0]
@@ -91,6 +186,17 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
         if others is not None:
             others = [tf.gather(s, inverse) for s in others]
     return h, others
+
+
+def _state_after(state, seq, end, slices):
+    """Rows `[0, end[1])` of the state after the last step of `seq`
+    (`state` where `seq` has no steps); `slices` the constant tensors of
+    `run_tiers`."""
+    _, step, last, last_1, first_1, step_1 = slices
+    # seq[-1:]: its last step, or none.
+    final = tf.strided_slice(seq, last_1, first_1, step_1, end_mask=1)
+    both = tf.concat([tf.expand_dims(state, 0), final], axis=0)
+    return tf.strided_slice(both, last, end, step, shrink_axis_mask=1)
 
 
 def _last_states(seqs, lengths, starts, ends, rows):
