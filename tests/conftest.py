@@ -27,9 +27,9 @@ users get ("default") and once per way the backend has
 (`maskedrnn.backends.force`, `maskedrnn.backends.WAYS`); a way the backend
 declines for the test's layer here (`maskedrnn.backends.Declined`: e.g.
 PyTorch's packed kernel while gradients are recorded, or Keras' unmasked
-layer for a generic cell) skips that run, saying why, and a forced run
-whose every call took the way the default plan takes is reported as
-skipped too: it repeated the default run exactly.
+layer for a generic cell) skips that run, saying why, and so does a forced
+run whose first call takes the way the default plan takes there: it would
+repeat the default run.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
 without: on a CPU those are two different kernels (PyTorch's unpacked
@@ -86,11 +86,9 @@ WAYS_HERE = [
 
 
 def repeats_the_default(plans):
-    """Whether a forced run's `plans` are exactly what the default plan
-    makes: every direction of every call took the way the backend would
-    have chosen unforced (its first unhindered option; the route follows
-    from the ways). Read from the forced run's own plans, so the answer
-    does not depend on which tests ran before."""
+    """Whether forced `plans` are exactly what the default plan makes:
+    every direction took the way the backend would have chosen unforced
+    (its first unhindered option; the route follows from the ways)."""
     return all(
         d.way == next(option for option, why in d.options if why is None)
         for p in plans
@@ -101,14 +99,26 @@ def repeats_the_default(plans):
 @pytest.fixture(params=WAYS_HERE)
 def way(request):
     """The test body runs under `maskedrnn.backends.force(way)`, or with
-    the default plan ("default"). A forced run whose every call took the
-    way the default plan takes (`repeats_the_default`) repeated the default
-    run exactly: it is reported as skipped (`pytest_pyfunc_call`)."""
+    the default plan ("default"). A forced run whose first call takes the
+    way the default plan takes there (`repeats_the_default`) would repeat
+    the default run: it is skipped at that call, before any kernel runs.
+    The decision reads the test's own plan, not what other tests ran, so it
+    does not depend on the order of the tests."""
     if request.param == "default":
         yield request.param
         return
-    with backends.force(request.param), backends.record() as plans:
-        request.node.forced_plans = plans
+    plan = backends.plan
+    made = []
+
+    def first_plan_decides(*args, **kwargs):
+        result = plan(*args, **kwargs)
+        made.append(result)
+        if len(made) == 1 and repeats_the_default(made):
+            pytest.skip(f"the default plan runs {request.param!r} here")
+        return result
+
+    with pytest.MonkeyPatch.context() as patch, backends.force(request.param):
+        patch.setattr(backends, "plan", first_plan_decides)
         yield request.param
 
 
@@ -174,19 +184,13 @@ def _slow_files_first(items):
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A test run with a forced `way` that the backend declines for its
-    layer here is skipped, with the reason; so is a passed forced run that
-    repeated the default plan (`repeats_the_default`)."""
+    layer here is skipped, with the reason."""
     try:
-        result = yield
+        return (yield)
     except backends.Declined as error:
         if "way" not in pyfuncitem.fixturenames:
             raise
         pytest.skip(f"declined here: {error}")
-    plans = getattr(pyfuncitem, "forced_plans", None)
-    if plans is not None and repeats_the_default(plans):
-        way = pyfuncitem.callspec.params["way"]
-        pytest.skip(f"the default plan runs {way!r} for every call here")
-    return result
 
 
 def pytest_configure(config):
