@@ -1,6 +1,6 @@
 """The steps of one masked batch: its lengths or mask, checked once per call.
 
-Every way of running a direction reads the same `Steps`; each of its
+Every kernel of running a direction reads the same `Steps`; each of its
 tensors is derived on first use, so a plan that needs only the mask never
 computes an order.
 """

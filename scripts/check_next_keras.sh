@@ -2,9 +2,9 @@
 # The next Keras, tried before users do: the core parity tests (not those
 # marked slow) on the Keras nightly pinned below, on the TensorFlow, JAX and
 # torch backends, each in its own process. The parity tests run the plan
-# users get (MASKEDRNN_TEST_WAYS=default; tests/conftest.py), which hands
+# users get (MASKEDRNN_TEST_KERNELS=default; tests/conftest.py), which hands
 # the mask to Keras' masked loop wherever that is what runs; every forced
-# way is tried on the pinned Keras by the main run (keeps CI short). On
+# kernel is tried on the pinned Keras by the main run (keeps CI short). On
 # JAX the runs share one compilation cache (MASKEDRNN_TEST_JAX_CACHE, set
 # by scripts/test.sh): a program the main run compiled is not compiled
 # again.
@@ -41,7 +41,7 @@ status=0
 for backend in tensorflow jax torch; do
   step "Keras $version, KERAS_BACKEND=$backend: core parity tests"
   (cd "$ROOT" && KERAS_BACKEND=$backend PYTHONPATH="$WORK/next:$ROOT" TF_CPP_MIN_LOG_LEVEL=3 \
-    MASKEDRNN_TEST_WAYS=default \
+    MASKEDRNN_TEST_KERNELS=default \
     python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
     -m "not slow" \
     "${CORE[@]}" "$@") || status=1

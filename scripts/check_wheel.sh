@@ -90,10 +90,10 @@ for profile in "${PROFILES[@]}"; do
     "$venv/bin/python" "$ROOT/scripts/run_notebook.py" \
     "$ROOT/colab/01_quickstart.ipynb" "$run")
   if [ "$profile" = lowest ]; then
-    # The plan users get (MASKEDRNN_TEST_WAYS, tests/conftest.py): the
-    # forced ways run on the pinned Keras in the main run.
+    # The plan users get (MASKEDRNN_TEST_KERNELS, tests/conftest.py): the
+    # forced kernels run on the pinned Keras in the main run.
     step "$profile: core parity tests (TensorFlow backend, default plan)"
-    (cd "$ROOT" && KERAS_BACKEND=tensorflow PYTHONPATH="$ROOT" MASKEDRNN_TEST_WAYS=default \
+    (cd "$ROOT" && KERAS_BACKEND=tensorflow PYTHONPATH="$ROOT" MASKEDRNN_TEST_KERNELS=default \
       "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_masked_bidirectional.py)
   fi
   step "$profile: OK ($versions)"

@@ -30,7 +30,7 @@ SPLIT_GRACE_SHARE = 0.25
 
 class OutOfTime(BaseException):
     """A section's deadline passed (a `BaseException`, so that no
-    `except Exception` on the way swallows it)."""
+    `except Exception` on the kernel swallows it)."""
 
 
 class Budget:
@@ -43,7 +43,7 @@ class Budget:
         self.start = start
         self.reserve = min(5.0, 0.05 * seconds)
         self.end = start + seconds - self.reserve
-        self.hard_end = start + seconds - 0.6 * self.reserve
+        self.blocking_end = start + seconds - 0.6 * self.reserve
         self.grace = min(max(GRACE_S[0], 0.1 * seconds), GRACE_S[1])
 
     def cut_off_at(self, deadline):
@@ -53,7 +53,7 @@ class Budget:
         cuDNN autotuning still returns, and the later sections run shorter
         rather than not at all); never after `hard_end`."""
         grace = max(self.grace, SPLIT_GRACE_SHARE * (self.end - deadline))
-        return min(deadline + grace, self.hard_end)
+        return min(deadline + grace, self.blocking_end)
 
     def left(self, deadline=None):
         return min(deadline or self.end, self.end) - time.monotonic()
@@ -102,7 +102,7 @@ def start_watchdog(budget, running, cut_off, fault_file):
         while True:
             time.sleep(0.2)
             case = running()
-            limit = budget.hard_end if case is None else budget.cut_off_at(case[2])
+            limit = budget.blocking_end if case is None else budget.cut_off_at(case[2])
             if time.monotonic() >= limit:
                 break
         stack = "".join(traceback.format_stack(sys._current_frames().get(main)))

@@ -20,26 +20,26 @@ case runs before the correctness section, the other timing cases after
 it, see the budget below):
 
 - `environment`: versions, the device, cuDNN, the TF32 flags (torch) or
-  JAX's default matmul precision, the ways the backend offers;
-- `correctness` (TF32 off / JAX `"highest"`): every way of ours against
+  JAX's default matmul precision, the kernels the backend offers;
+- `correctness` (TF32 off / JAX `"highest"`): every kernel of ours against
   Keras' masked layer and PyTorch's packed module (`scripts/gpu_parity.py`),
   tolerances asserted;
 - `timings` (the default TF32 setting, recorded): `maskedrnn.bench` cases,
   each in the bench's JSON form (`config`, `environment`, `rows`,
   `ratios`); first the headline (an LSTM, pre-padded: ours against Keras'
-  unmasked and masked layers, profiled), then every case with every way
-  the backend offers forced as rows of its own (`--way`); Keras' masked
+  unmasked and masked layers, profiled), then every case with every kernel
+  the backend offers forced as rows of its own (`--kernel`); Keras' masked
   layer timed at most 3 times (`--slow-repeats`);
 - `tests`: a GPU smoke subset of the test suite in a subprocess (at most
   2 minutes; pytest-timeout where installed; `scripts/gpu_smoke.py`), on
-  torch the one-call way's tests (tests/test_torch_fused.py) first.
+  torch the one-call kernel's tests (tests/test_torch_fused.py) first.
 
 Sizes: B=64 T=100 D=U=512 (correctness and timings, pre-padded with
 `mask=` and post-padded with `lengths=`), B=64 T=1000 D=U=256 (the long
 timing case), B=6 T=7 D=3 U=4 (the edge batch). `--quick`: every section
 at tiny sizes, 2 of the 32 correctness cases (each value of each factor)
 and 2 timing cases (the headline, pre-padded; post-padded and long with
-every way).
+every kernel).
 
 The budget: the check stops itself before `--budget-s` seconds (counted
 from its start). The tests get up to min(120 s, 30% of the budget) at the
@@ -168,32 +168,32 @@ class Check:
         now = time.monotonic()
         if running is not None:
             section, name, deadline = running
-            why = (
+            reason = (
                 f"did not return {now - deadline:.0f} s after its deadline; "
                 "the watchdog ended the check"
             )
             record = self.results.setdefault(section, {})
             if isinstance(record.get("skipped"), list):
-                record["skipped"].append({"name": name, "why": why})
+                record["skipped"].append({"name": name, "why": reason})
             else:
-                record["skipped"] = why
+                record["skipped"] = reason
             where = f"{section} {name}"
         else:
             where = "outside a case"
-            why = "the budget ran out; the watchdog ended the check"
+            reason = "the budget ran out; the watchdog ended the check"
         for section in SECTIONS:
             if section not in self.results:
-                self.results[section] = {"skipped": f"not run: {where} {why}"}
+                self.results[section] = {"skipped": f"not run: {where} {reason}"}
             elif section not in self.done:  # some of its cases ran
-                self.results[section]["not_run"] = f"the rest: {where} {why}"
+                self.results[section]["not_run"] = f"the rest: {where} {reason}"
         self.results["status"] = "out of time"
         self.results["watchdog"] = {
             "case": where,
-            "why": why,
+            "why": reason,
             "at_s": round(now - START, 1),
             "main_thread_stack": stack,
         }
-        self.log(f"[watchdog] {where}: {why}; the main thread was at:\n{stack}")
+        self.log(f"[watchdog] {where}: {reason}; the main thread was at:\n{stack}")
         for attempt in range(3):  # the main thread may be changing the results
             try:
                 self.flush()
@@ -214,13 +214,13 @@ class Check:
             left = self.budget.left(deadline)
             estimate = None if per_unit is None else 1.2 * per_unit * cost(case)
             if left <= 0 or (estimate is not None and estimate > left):
-                why = (
+                reason = (
                     f"estimated {estimate:.0f} s, {max(left, 0):.0f} s left"
                     if estimate is not None
                     else "no time left"
                 )
-                record["skipped"].append({"name": name, "why": why})
-                self.log(f"[{section}] skipped {name}: {why}")
+                record["skipped"].append({"name": name, "why": reason})
+                self.log(f"[{section}] skipped {name}: {reason}")
                 continue
             started = time.monotonic()
             self.running = (section, name, min(deadline, self.budget.end))
@@ -232,9 +232,9 @@ class Check:
                     self.running = None
             except OutOfTime:
                 seconds = time.monotonic() - started
-                why = f"interrupted at the section's deadline after {seconds:.0f} s"
-                record["skipped"].append({"name": name, "why": why})
-                self.log(f"[{section}] {name}: {why}")
+                reason = f"interrupted at the section's deadline after {seconds:.0f} s"
+                record["skipped"].append({"name": name, "why": reason})
+                self.log(f"[{section}] {name}: {reason}")
                 self.flush()
                 continue
             except Exception:  # recorded, counted as a failure
@@ -262,7 +262,7 @@ def environment(check, backend, gpu):
 
     harness = timing.backend_module(backend).Harness(gpu)
     env = report.environment(backend, harness)
-    env["ways"] = list(backends.current().WAYS)
+    env["kernels"] = list(backends.current().KERNELS)
     env["python_executable"] = sys.executable
     env["keras_backend"] = keras.backend.backend()
     env["pytest_timeout"] = importlib.util.find_spec("pytest_timeout") is not None
@@ -338,14 +338,14 @@ def correctness(check, backend, device, deadline):
         def run_one(name, case):
             record = gpu_parity.run_case(name, case, runner, backend, device)
             verdict = "ok" if record["ok"] else "FAILED"
-            declined = [w for w in record["ways"] if "declined" in w]
+            declined = [w for w in record["kernels"] if "declined" in w]
             check.log(
-                f"[correctness] {name}: {verdict} ({len(record['ways'])} "
-                f"way/mode runs, {len(declined)} declined)"
+                f"[correctness] {name}: {verdict} ({len(record['kernels'])} "
+                f"kernel/mode runs, {len(declined)} declined)"
             )
             if not record["ok"]:
                 check.failures.append(f"correctness {name}")
-                for entry in record["ways"]:
+                for entry in record["kernels"]:
                     if entry.get("ok") is False:
                         check.log(f"  {json.dumps(entry)}")
             return record
@@ -370,14 +370,14 @@ def relative_cost(size, main):
 
 
 def timing_cases(quick):
-    """`(name, bench options, size, profile, ways)`, most telling first: the
+    """`(name, bench options, size, profile, kernels)`, most telling first: the
     headline (an LSTM, pre-padded, profiled, ours' default plan only: the
-    case that must fit), then each case with every way forced (`ways`)
+    case that must fit), then each case with every kernel forced (`kernels`)
     (`quick`: the headline, and post-padded and long in one case)."""
     headline = ("lstm-pre", [], "main", True, False)
     if quick:
         return [headline, ("gru-long-post", [], "long", False, True)]
-    found = [headline, ("lstm-pre-ways", [], "main", False, True)]
+    found = [headline, ("lstm-pre-kernels", [], "main", False, True)]
     for padding in ("pre", "post"):
         for cell in ("lstm", "gru"):
             if (cell, padding) != ("lstm", "pre"):
@@ -399,10 +399,10 @@ def timing_plan(check, backend, device):
     sizes = SIZES[check.args.quick]
     check.results["timings"] = {
         "precision": precision(backend),
-        "ways": list(backends.current().WAYS),
+        "kernels": list(backends.current().KERNELS),
     }
     cases = []
-    for name, extra, size, profile, ways in timing_cases(check.args.quick):
+    for name, extra, size, profile, kernels in timing_cases(check.args.quick):
         cell = name.split("-")[1] if name.startswith("rnn-") else name.split("-")[0]
         padding = "post" if "-post" in name else "pre"
         repeats, warmup = sizes["repeats"][size]
@@ -411,13 +411,13 @@ def timing_plan(check, backend, device):
         argv += ["--repeats", str(repeats), "--warmup", str(warmup)]
         argv += ["--slow-repeats", str(sizes["slow_repeats"][size])]
         # The budget is sized for the steady-state timings: a first call
-        # (trace and compilation) of every case and way would not fit.
+        # (trace and compilation) of every case and kernel would not fit.
         argv += ["--first-call-repeats", "0"]
-        argv += ["--way", *backends.current().WAYS] if ways else []
+        argv += ["--kernel", *backends.current().KERNELS] if kernels else []
         argv += ["--no-progress", "--device", device, *extra]
         argv += ["--profile"] if profile else []
-        # Every way forced: about twice the rows of the bench's default.
-        cost = relative_cost(sizes[size], sizes["main"]) * (2 if ways else 1)
+        # Every kernel forced: about twice the rows of the bench's default.
+        cost = relative_cost(sizes[size], sizes["main"]) * (2 if kernels else 1)
         cases.append((name, {"argv": argv, "cost": cost, "profile": profile}))
     return cases
 
@@ -518,11 +518,11 @@ def main(argv=None):
         with check.budget.limit(check.budget.end):
             device = start(check, args)
     except OutOfTime:
-        why = "the budget ran out while Keras and the backend started"
+        reason = "the budget ran out while Keras and the backend started"
         check.results["status"] = "out of time"
         for section in SECTIONS:
-            check.results.setdefault(section, {})["skipped"] = why
-        check.log(f"gpu_check {args.backend}: {why}")
+            check.results.setdefault(section, {})["skipped"] = reason
+        check.log(f"gpu_check {args.backend}: {reason}")
         check.flush()
         return 0
     finally:

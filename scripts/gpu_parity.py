@@ -1,11 +1,11 @@
-"""The correctness section of `scripts/gpu_check.py`: every way against two oracles.
+"""The correctness section of `scripts/gpu_check.py`: every kernel against two oracles.
 
 For each case (LSTM and GRU x `MaskedBidirectional` and `MaskedRNN` x a
 pre-padded `mask=` and a post-padded `lengths=` x with and without final
 states, at the check's size and on a small edge batch with all-padding
 rows, holes and an initial state), ours runs with the default plan and
-with every way the backend offers forced (`maskedrnn.backends.force`;
-a way declined here is recorded with its reason) and is compared with
+with every kernel the backend offers forced (`maskedrnn.backends.force`;
+a kernel declined here is recorded with its reason) and is compared with
 
 - Keras' own layer in its masked step loop (`use_cudnn=False`, handed the
   same mask explicitly): outputs, final states, and the gradients of a
@@ -18,7 +18,7 @@ a way declined here is recorded with its reason) and is compared with
 
 Tolerances are asserted (`TOLERANCE`): a difference above them fails the
 check. On torch the plan depends on whether gradients are recorded, so
-each way runs twice there (inference and training); on JAX once, under
+each kernel runs twice there (inference and training); on JAX once, under
 `jax.jit` (the plan is made while tracing). On JAX the oracle's jitted
 function is kept per layer, case settings and shapes and reused by the
 cases that share them (the `mask=` and `lengths=` cases hand it the same
@@ -185,8 +185,8 @@ class Runner:
             return self._torch(layer, x, kwargs, initial, weights, grads)
         return self._jax(layer, x, kwargs, initial, weights, grads, reuse)
 
-    def planned_ways(self, layer, x, kwargs, initial):
-        """The set of ways the default plan runs, found by tracing alone
+    def planned_kernels(self, layer, x, kwargs, initial):
+        """The set of kernels the default plan runs, found by tracing alone
         (`jax.eval_shape`: no compilation) on JAX; None on torch, where
         running is as cheap as tracing."""
         if self.backend != "jax":
@@ -203,7 +203,7 @@ class Runner:
 
         with backends.record() as plans:
             jax.eval_shape(forward, trainable, x, initial, kwargs)
-        return {d.way for p in plans for d in p.directions}
+        return {d.kernel for p in plans for d in p.directions}
 
     def _torch(self, layer, x, kwargs, initial, weights, grads):
         import torch
@@ -338,7 +338,7 @@ def run_case(name, case, runner, backend, device, seed=0):
         ref, x, {"mask": mask}, initial, weights, grads=True, reuse=reuse
     )
     n_init = len(initial)
-    record = {"name": name, "case": case, "ways": [], "ok": True}
+    record = {"name": name, "case": case, "kernels": [], "ok": True}
     packed = None
     if backend == "torch" and not case["edge"]:
         packed = torch_packed(ref, case, x, mask, weights, device)
@@ -352,24 +352,24 @@ def run_case(name, case, runner, backend, device, seed=0):
     elif backend == "torch":
         record["torch_packed"] = "not compared: PyTorch cannot pack an empty row"
     modes = ("infer", "train") if backend == "torch" else ("train",)
-    offered = backends.current().WAYS
-    default_ways = {}
-    planned = runner.planned_ways(ours, x, kwargs, initial)
-    for way in ("default", *offered):
+    offered = backends.current().KERNELS
+    default_kernels = {}
+    planned = runner.planned_kernels(ours, x, kwargs, initial)
+    for kernel in ("default", *offered):
         for mode in modes:
-            entry = {"way": way, "mode": mode}
-            record["ways"].append(entry)
-            if way == "default" and planned is not None and len(planned) == 1:
+            entry = {"kernel": kernel, "mode": mode}
+            record["kernels"].append(entry)
+            if kernel == "default" and planned is not None and len(planned) == 1:
                 (only,) = planned
                 if only in offered:
-                    entry["plan_ways"] = [only]
+                    entry["plan_kernels"] = [only]
                     entry["skipped"] = f"the default plan runs {only!r}: checked forced"
                     continue
-            ran = default_ways.get(mode)
-            if way != "default" and ran is not None and ran == {way}:
-                entry["skipped"] = "the default plan ran this way for every direction"
+            ran = default_kernels.get(mode)
+            if kernel != "default" and ran is not None and ran == {kernel}:
+                entry["skipped"] = "default plan ran this kernel for every direction"
                 continue
-            forced = None if way == "default" else way
+            forced = None if kernel == "default" else kernel
             train = mode == "train"
             try:
                 with backends.force(forced), backends.record() as plans:
@@ -377,10 +377,10 @@ def run_case(name, case, runner, backend, device, seed=0):
             except backends.Declined as error:
                 entry["declined"] = declined_reason(error)
                 continue
-            ways = {d.way for p in plans for d in p.directions}
-            entry["plan_ways"] = sorted(ways)
-            if way == "default":
-                default_ways[mode] = ways
+            kernels = {d.kernel for p in plans for d in p.directions}
+            entry["plan_kernels"] = sorted(kernels)
+            if kernel == "default":
+                default_kernels[mode] = kernels
             parts = {
                 "outputs": (out[:1], ref_out[:1], "outputs"),
                 "states": (out[1:], ref_out[1:], "outputs"),

@@ -25,14 +25,14 @@ SMOKE = [
     "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
 ]
 SMOKE_TORCH = ["tests/test_torch_kernels.py"]
-# First on torch: the one-call way's tests, device-agnostic, so on a GPU
+# First on torch: the one-call kernel's tests, device-agnostic, so on a GPU
 # they check cuDNN itself against Keras' masked layer and PyTorch's packed
 # module (TF32 off, tests/conftest.py): every padding, initial states,
 # float16 and bfloat16, go_backwards, return_sequences=False, every merge
 # mode, the input width, no host sync.
 SMOKE_FUSED = {"torch": ["tests/test_torch_fused.py"]}
 # --quick: short tests show the section runs pytest and records it (on
-# torch, one of the one-call way's tests too).
+# torch, one of the one-call kernel's tests too).
 SMOKE_QUICK = [
     "tests/test_bench_kernels.py::test_conftest_turns_tf32_off_for_every_test",
 ]

@@ -22,13 +22,13 @@ differences a wrong mask makes (1e-1 and more, which the tests also check).
 On a CPU none of this changes anything: there is no TF32 there, and XLA's
 CPU matmuls are full float32 at any precision setting.
 
-Every plan on purpose: the `way` fixture runs a test once with the plan
-users get ("default") and once per way the backend has
-(`maskedrnn.backends.force`, `maskedrnn.backends.WAYS`); a way the backend
+Every plan on purpose: the `kernel` fixture runs a test once with the plan
+users get ("default") and once per kernel the backend has
+(`maskedrnn.backends.force`, `maskedrnn.backends.KERNELS`); a kernel the backend
 declines for the test's layer here (`maskedrnn.backends.Declined`: e.g.
 PyTorch's packed kernel while gradients are recorded, or Keras' unmasked
 layer for a generic cell) skips that run, saying why, and so does a forced
-run whose first call takes the way the default plan takes there: it would
+run whose first call takes the kernel the default plan takes there: it would
 repeat the default run.
 
 The `grad_mode` fixture runs a torch test twice, with gradients recorded and
@@ -74,33 +74,33 @@ def grad_mode(request):
         yield request.param
 
 
-# MASKEDRNN_TEST_WAYS (comma-separated) narrows the ways tried, e.g. to
+# MASKEDRNN_TEST_KERNELS (comma-separated) narrows the kernels tried, e.g. to
 # "default,keras-masked" for the run on the next Keras
 # (scripts/check_next_keras.sh), where what matters is Keras' own code.
-_ASKED = os.environ.get("MASKEDRNN_TEST_WAYS", "")
-WAYS_HERE = [
+_ASKED = os.environ.get("MASKEDRNN_TEST_KERNELS", "")
+KERNELS_HERE = [
     w
-    for w in ["default"] + list(backends.current().WAYS)
+    for w in ["default"] + list(backends.current().KERNELS)
     if not _ASKED or w in _ASKED.split(",")
 ]
 
 
 def repeats_the_default(plans):
     """Whether forced `plans` are exactly what the default plan makes:
-    every direction took the way the backend would have chosen unforced
-    (its first unhindered option; the route follows from the ways)."""
+    every direction took the kernel the backend would have chosen unforced
+    (its first unhindered option; the strategy follows from the kernels)."""
     return all(
-        d.way == next(option for option, why in d.options if why is None)
+        d.kernel == next(option for option, reason in d.options if reason is None)
         for p in plans
         for d in p.directions
     )
 
 
-@pytest.fixture(params=WAYS_HERE)
-def way(request):
-    """The test body runs under `maskedrnn.backends.force(way)`, or with
+@pytest.fixture(params=KERNELS_HERE)
+def kernel(request):
+    """The test body runs under `maskedrnn.backends.force(kernel)`, or with
     the default plan ("default"). A forced run whose first call takes the
-    way the default plan takes there (`repeats_the_default`) would repeat
+    kernel the default plan takes there (`repeats_the_default`) would repeat
     the default run: it is skipped at that call, before any kernel runs.
     The decision reads the test's own plan, not what other tests ran, so it
     does not depend on the order of the tests."""
@@ -132,7 +132,7 @@ def pytest_collection_modifyitems(config, items):
 
     The mark is for end-to-end checks whose code is the same on every
     backend (documentation pages, demos, bucketed training): what differs
-    between backends, the layers' every way against Keras' masked layers,
+    between backends, the layers' every kernel against Keras' masked layers,
     is tested under each backend by the other tests. Such a check runs
     where it costs least, PyTorch (eager: nothing to trace or compile;
     TensorFlow traces and JAX on a CPU compiles every new model, tens of
@@ -183,12 +183,12 @@ def _slow_files_first(items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A test run with a forced `way` that the backend declines for its
+    """A test run with a forced `kernel` that the backend declines for its
     layer here is skipped, with the reason."""
     try:
         return (yield)
     except backends.Declined as error:
-        if "way" not in pyfuncitem.fixturenames:
+        if "kernel" not in pyfuncitem.fixturenames:
             raise
         pytest.skip(f"declined here: {error}")
 

@@ -230,9 +230,9 @@ def spy_native_kernels(monkeypatch):
     for name in ("run_native", "run_direction"):
         original = getattr(torch_backend, name)
 
-        def spy(way, inner, *args, _original=original, **kwargs):
+        def spy(kernel, inner, *args, _original=original, **kwargs):
             calls.append(inner)
-            return _original(way, inner, *args, **kwargs)
+            return _original(kernel, inner, *args, **kwargs)
 
         monkeypatch.setattr(torch_backend, name, spy)
     return calls
@@ -266,11 +266,11 @@ def tier_mask(batch, time, seed):
     return m
 
 
-def check_declined_contexts(ours, ref, way, x, mask):
-    """A TensorFlow way that declines two contexts: traced for XLA
-    (`jit_compile=True`), forcing `way` raises `Declined` naming XLA; inside
+def check_declined_contexts(ours, ref, kernel, x, mask):
+    """A TensorFlow kernel that declines two contexts: traced for XLA
+    (`jit_compile=True`), forcing `kernel` raises `Declined` naming XLA; inside
     `maskedrnn.backends.portable()` the default plan runs Keras' layers, not
-    `way` (forcing it raises `Declined` naming `portable()`), and `ours`
+    `kernel` (forcing it raises `Declined` naming `portable()`), and `ours`
     gives `ref`'s outputs (Keras' masked layer, same weights)."""
     import tensorflow as tf
 
@@ -281,15 +281,15 @@ def check_declined_contexts(ours, ref, way, x, mask):
         return ours(x, mask=mask)
 
     # tf.function re-raises the `Declined` of its tracing as a StagingError.
-    with backends.force(way):
-        with pytest.raises(Exception, match=f"'{way}' cannot run here.*XLA"):
+    with backends.force(kernel):
+        with pytest.raises(Exception, match=f"'{kernel}' cannot run here.*XLA"):
             call(tf.constant(x))
     with backends.portable():
         assert backends.portable_only()
         with backends.record() as plans:
             got = ours(x, mask=mask)
-        assert way not in {d.way for p in plans for d in p.directions}
-        with backends.force(way):
+        assert kernel not in {d.kernel for p in plans for d in p.directions}
+        with backends.force(kernel):
             with pytest.raises(backends.Declined, match="portable"):
                 ours(x, mask=mask)
     assert not backends.portable_only()

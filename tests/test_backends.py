@@ -125,9 +125,9 @@ class Spy:
 
     Each call appends a dict: `device` (of the input tensor, as a string),
     `mask` (the object passed, None or a tensor;
-    `run_native` takes none), `kernel` (the `kernel` keyword, or the
-    kernel of the `inner` layer passed, which identifies the calling layer's
-    cell), and `outcome`: "computed" or "NotImplementedError" (the backend
+    `run_native` takes none), `kernel` (the kernel weight of the `inner`
+    layer passed, else the `kernel` keyword: it identifies the calling
+    layer's cell), and `outcome`: "computed" or "NotImplementedError" (the backend
     declined and the layer falls back).
     """
 
@@ -146,8 +146,10 @@ class Spy:
             call = {
                 "device": str(getattr(data, "device", "")),
                 "mask": bound.arguments.get("mask"),
-                "kernel": bound.arguments.get(
-                    "kernel", inner.cell.kernel if inner is not None else None
+                "kernel": (
+                    inner.cell.kernel
+                    if inner is not None
+                    else bound.arguments.get("kernel")
                 ),
             }
             self.calls.append(call)

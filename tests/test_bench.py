@@ -214,7 +214,7 @@ def test_records_which_kernels_each_implementation_ran(lstm_run):
             if BACKEND == "torch" and not GPU:
                 assert row["kernels"] == "torch native kernel computed x2"
             elif BACKEND == "torch":
-                # Both directions in one call of the one-call way (cuDNN).
+                # Both directions in one call of the one-call kernel (cuDNN).
                 assert row["kernels"] == "torch one-call kernel (torch._VF) computed x1"
             elif TF_CPU:
                 assert row["kernels"] == "tf BlockLSTMV2 kernel computed x2"
@@ -791,51 +791,51 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     assert calls.read_text().splitlines()[3:] == [lines[0]] * 3
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a torch way")
-def test_way_option_runs_the_one_call_kernel_for_torch_fused():
-    """`--way torch-fused`: the forced row runs the one-call kernel (the
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="a torch kernel")
+def test_kernel_option_runs_the_one_call_kernel_for_torch_fused():
+    """`--kernel torch-fused`: the forced row runs the one-call kernel (the
     kernel spies say so) and still matches Keras' masked layer."""
     impl = ["--impl", "maskedrnn", "keras_masked", "--mode", "train"]
-    results = bench.main(TINY + QUICK + impl + ["--way", "torch-fused"])
+    results = bench.main(TINY + QUICK + impl + ["--kernel", "torch-fused"])
     ours = [r for r in results["rows"] if r["impl"] == "maskedrnn:torch-fused"][0]
     assert ours["kernels"] == "torch one-call kernel (torch._VF) computed x1"
     assert ours["max_abs_diff"] < 1e-5
-    assert results["config"]["ways"] == ["torch-fused"]
+    assert results["config"]["kernels"] == ["torch-fused"]
 
 
-def test_forced_ways_are_timed_and_checked_and_declines_listed():
-    """`--way`: ours again with each way forced (`maskedrnn.backends.force`),
-    as rows `maskedrnn:WAY`, checked against Keras' masked layer like the
-    others and in the ratios; a way the backend cannot run in a mode is
+def test_forced_kernels_are_timed_and_checked_and_declines_listed():
+    """`--kernel`: ours again with each kernel forced (`maskedrnn.backends.force`),
+    as rows `maskedrnn:KERNEL`, checked against Keras' masked layer like the
+    others and in the ratios; a kernel the backend cannot run in a mode is
     listed under `declined`, not timed. `--slow-repeats` caps the rows in
     Keras' masked loop."""
     from maskedrnn import backends
 
-    ways = list(backends.current().WAYS)
+    kernels = list(backends.current().KERNELS)
     results = bench.main(
         TINY
         + QUICK
         + ["--repeats", "3", "--impl", "maskedrnn", "keras_masked", "keras_unmasked"]
-        + ["--way", *ways, "--slow-repeats", "1"]
+        + ["--kernel", *kernels, "--slow-repeats", "1"]
     )
-    assert results["config"]["ways"] == ways
+    assert results["config"]["kernels"] == kernels
     rows = by_case(results)
     declined = {
         (d["impl"], d["mode"]): d["reason"] for d in results.get("declined", [])
     }
-    for way in ways:
+    for kernel in kernels:
         for mode in ("train", "infer"):
-            name = f"maskedrnn:{way}"
+            name = f"maskedrnn:{kernel}"
             if (name, mode) in declined:
-                assert f"{way!r} cannot run here" in declined[name, mode]
+                assert f"{kernel!r} cannot run here" in declined[name, mode]
                 assert "Arguments received" not in declined[name, mode]
                 assert (name, mode) not in rows
                 continue
             row = rows[name, mode]
             assert row["expected_to_match"] and row["max_abs_diff"] < 1e-5, row
             assert row.get("max_abs_grad_diff", 0) < 1e-4, row
-            assert row["label"].endswith(f", forced {way}")
-            slow = way == "keras-masked"
+            assert row["label"].endswith(f", forced {kernel}")
+            slow = kernel == "keras-masked"
             assert len(row["times_ms"]) == (1 if slow else 3)
             assert f"{name}/keras_unmasked" in results["ratios"][mode]
     assert len(rows["keras_masked", "train"]["times_ms"]) == 1

@@ -1,5 +1,5 @@
 """`maskedrnn.bench.compare`: a ratio before and after a change, flagged
-MOVED only when its interval moved the slow way."""
+MOVED only when its interval moved the slow kernel."""
 
 from maskedrnn.bench.compare import compare
 

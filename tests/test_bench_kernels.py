@@ -216,7 +216,7 @@ def _lstm_pair_on_a_pre_padded_batch():
 
 @needs_torch_cpu
 def test_torch_spy_sees_ours_reach_cudnn_in_one_call(fake_cuda):
-    """On CUDA ours runs both directions in one call of the one-call way
+    """On CUDA ours runs both directions in one call of the one-call kernel
     (`torch._VF.lstm`, cuDNN there): one record, cuDNN computed, no Keras
     RNN function and no mask anywhere."""
     ours, ref, x, mask = _lstm_pair_on_a_pre_padded_batch()

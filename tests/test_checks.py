@@ -17,7 +17,7 @@ TIME = 5
 
 
 def compiled(fn):
-    """`fn` compiled the way each backend compiles a Keras step."""
+    """`fn` compiled the kernel each backend compiles a Keras step."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 

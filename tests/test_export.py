@@ -13,7 +13,7 @@ On a TensorFlow CPU the model's LSTM runs TensorFlow's fused `BlockLSTMV2`
 while Keras' exporter traces them: every graph `model.export` writes
 (SavedModel, ONNX) carries Keras' own LSTM and GRU, which the converters
 read; `export_litert` traces inside
-`maskedrnn.backends.portable()`. Which way each export traced is read from
+`maskedrnn.backends.portable()`. Which kernel each export traced is read from
 `maskedrnn.backends.record()`.
 
 Limits are pinned by tests too: LiteRT needs a fixed batch size (the
@@ -115,8 +115,8 @@ def batches(model):
     return out
 
 
-def ways_traced(plans):
-    return {d.way for p in plans for d in p.directions}
+def kernels_traced(plans):
+    return {d.kernel for p in plans for d in p.directions}
 
 
 # The LSTM's fused kernel and the GRU's tiers (a TensorFlow CPU's defaults).
@@ -136,7 +136,7 @@ def saved_model_dir(model, tmp_path_factory):
     path = tmp_path_factory.mktemp("export") / "saved_model"
     with backends.record() as plans:
         model.export(path, format="tf_saved_model", verbose=False)
-    assert (TIERED & ways_traced(plans) == TIERED) == block_lstm_here()
+    assert (TIERED & kernels_traced(plans) == TIERED) == block_lstm_here()
     return path
 
 
@@ -147,7 +147,7 @@ def portable_saved_model_dir(model, tmp_path_factory):
     path = tmp_path_factory.mktemp("export") / "portable_saved_model"
     with backends.portable(), backends.record() as plans:
         model.export(path, format="tf_saved_model", verbose=False)
-    assert not TIERED & ways_traced(plans)
+    assert not TIERED & kernels_traced(plans)
     return path
 
 
@@ -184,7 +184,7 @@ def test_litert_with_fixed_batch_matches_keras(model, batches, tmp_path):
     interpreter = require("ai_edge_litert.interpreter")
     with backends.record() as plans:
         path = mexport.export_litert(model, tmp_path / "m.tflite", batch_size=6)
-    assert plans and not TIERED & ways_traced(plans)
+    assert plans and not TIERED & kernels_traced(plans)
     lite = interpreter.Interpreter(model_path=path)
     details = {d["name"]: d for d in lite.get_input_details()}
     shapes = {
@@ -290,7 +290,7 @@ def test_onnx_matches_keras(model, batches, tmp_path):
     path = tmp_path / "m.onnx"
     with backends.portable(), backends.record() as plans:
         model.export(path, format="onnx", verbose=False)
-    assert plans and not TIERED & ways_traced(plans)
+    assert plans and not TIERED & kernels_traced(plans)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     assert sorted(inputs) == sorted(INPUTS)
@@ -320,7 +320,7 @@ def test_plain_onnx_export_traces_keras_lstm_and_loads(model, batches, tmp_path)
         assert any("traced by Keras' exporter" in s for s in sentences), sentences
         with backends.record() as eager_plans:
             model(list(make_batch(2, 5, 0)))
-        assert TIERED <= ways_traced(eager_plans)
+        assert TIERED <= kernels_traced(eager_plans)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     name, (x, expected) = next(iter(batches.items()))
     assert_matches_keras(session.run(None, x), expected, f"ONNX, {name}")

@@ -4,7 +4,7 @@ The check runs on a CUDA GPU, which CI does not have, within a time budget and
 a limit on the files it may return. Its rehearsal (`--device cpu --quick`:
 every section at tiny sizes) runs here once per backend, in a fresh
 process, and must: exit 0, write at most 6 files, fill every section
-(environment, correctness of every way the backend offers, timings in the
+(environment, correctness of every kernel the backend offers, timings in the
 bench's JSON form, the test subset), and write JSON that the bench's own
 readers (`format_table`, `markdown_table`, `--from-json`) read. A second
 run with a budget too small for the work must stop before the budget,
@@ -81,14 +81,14 @@ def test_rehearsal_passes_within_the_file_limit(rehearsal):
 def test_environment_says_versions_device_and_precision(rehearsal):
     env = rehearsal[2]["environment"]
     assert env["device"] == "cpu" and env["keras_backend"] == BACKEND
-    assert env["ways"] == list(backends.current().WAYS)
+    assert env["kernels"] == list(backends.current().KERNELS)
     if BACKEND == "torch":
         assert {"torch", "tf32_matmul", "tf32_cudnn"} <= set(env)
     else:
         assert {"jax", "jaxlib", "jax_default_matmul_precision"} <= set(env)
 
 
-def test_correctness_checks_every_way_of_every_case(rehearsal):
+def test_correctness_checks_every_kernel_of_every_case(rehearsal):
     section = rehearsal[2]["correctness"]
     assert section["skipped"] == []
     assert section["precision"] == (
@@ -107,11 +107,11 @@ def test_correctness_checks_every_way_of_every_case(rehearsal):
         assert len({str(c["case"][factor]) for c in cases}) == 2, factor
     for case in cases:
         assert case["ok"], case
-        ways = {w["way"] for w in case["ways"]}
-        assert ways == {"default", *backends.current().WAYS}
-        checked = [w for w in case["ways"] if "diffs" in w]
+        kernels = {w["kernel"] for w in case["kernels"]}
+        assert kernels == {"default", *backends.current().KERNELS}
+        checked = [w for w in case["kernels"] if "diffs" in w]
         assert checked and all(w["ok"] for w in checked)
-        for w in case["ways"]:
+        for w in case["kernels"]:
             assert ("diffs" in w) != ("declined" in w or "skipped" in w), w
         train = [w for w in checked if w["mode"] == "train"]
         assert train and all(
@@ -123,17 +123,17 @@ def test_correctness_checks_every_way_of_every_case(rehearsal):
             assert all("diffs_torch_packed" in w for w in checked)
 
 
-def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
+def test_timings_are_bench_results_with_every_kernel(rehearsal, tmp_path, capsys):
     """The headline case (LSTM, pre-padded, ours' default plan) first, then
-    the rest with every way forced, each in the bench's JSON form."""
+    the rest with every kernel forced, each in the bench's JSON form."""
     section = rehearsal[2]["timings"]
     assert section["skipped"] == [] and len(section["cases"]) == 2
-    headline, with_ways = section["cases"]
-    assert headline["name"] == "lstm-pre" and "--way" not in headline["argv"]
+    headline, with_kernels = section["cases"]
+    assert headline["name"] == "lstm-pre" and "--kernel" not in headline["argv"]
     assert not any(":" in r["impl"] for r in headline["results"]["rows"])
     assert "--profile" in headline["argv"]
-    assert "--way" in with_ways["argv"]
-    ways = backends.current().WAYS
+    assert "--kernel" in with_kernels["argv"]
+    kernels = backends.current().KERNELS
     paddings = set()
     for case in section["cases"]:
         results = case["results"]
@@ -151,9 +151,9 @@ def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
         assert capsys.readouterr().out.strip() == table.strip()
         rows = {(r["impl"], r["mode"]) for r in results["rows"]}
         declined = {(d["impl"], d["mode"]) for d in results.get("declined", [])}
-        for way in ways if case is with_ways else ():
+        for kernel in kernels if case is with_kernels else ():
             for mode in ("train", "infer"):
-                assert (f"maskedrnn:{way}", mode) in rows | declined, (way, mode)
+                assert (f"maskedrnn:{kernel}", mode) in rows | declined, (kernel, mode)
         assert {"keras_masked", "keras_unmasked"} <= {impl for impl, _ in rows}
         if BACKEND == "torch":
             assert {"torch_packed", "torch_unpacked"} <= {impl for impl, _ in rows}
@@ -164,8 +164,8 @@ def test_timings_are_bench_results_with_every_way(rehearsal, tmp_path, capsys):
     assert any(c["results"]["config"]["time"] > 6 for c in section["cases"])  # long
 
 
-def test_the_smoke_subset_runs_the_one_call_way_tests_first():
-    """On torch the test subset starts with the one-call way's tests, and
+def test_the_smoke_subset_runs_the_one_call_kernel_tests_first():
+    """On torch the test subset starts with the one-call kernel's tests, and
     what it collects covers float16 and bfloat16, go_backwards,
     return_sequences=False, initial states and every merge mode (pytest's
     own collection of the selection is the oracle)."""
@@ -312,20 +312,20 @@ def test_the_watchdog_waits_longer_at_a_section_deadline_than_at_the_end():
     compilation) gets a quarter of the later sections' time, where that is
     more than the grace; at the budget's end, the grace up to the hard end."""
     budget = script("gpu_budget").Budget(300, start=1000.0)
-    assert (budget.end, budget.hard_end, budget.grace) == (1295.0, 1297.0, 20.0)
+    assert (budget.end, budget.blocking_end, budget.grace) == (1295.0, 1297.0, 20.0)
     # 160 s left after the deadline: 40 s past it, not 20.
     assert budget.cut_off_at(1135.0) == 1175.0
     # 60 s left after it: a quarter is 15 s, the grace is longer.
     assert budget.cut_off_at(1235.0) == 1255.0
     # Never past the hard end.
-    assert budget.cut_off_at(1290.0) == budget.hard_end
-    assert budget.cut_off_at(budget.end) == budget.hard_end
+    assert budget.cut_off_at(1290.0) == budget.blocking_end
+    assert budget.cut_off_at(budget.end) == budget.blocking_end
 
 
 def test_a_wrong_result_fails_its_case(monkeypatch):
     """The correctness section's comparisons catch a wrong layer: ours
     given other weights than the oracles' differs beyond the tolerances,
-    for every way that runs, and the case is not ok."""
+    for every kernel that runs, and the case is not ok."""
     parity = script("gpu_parity")
     build_pair = parity.build_pair
 
@@ -340,7 +340,7 @@ def test_a_wrong_result_fails_its_case(monkeypatch):
     runner = parity.Runner(BACKEND, "cpu")
     record = parity.run_case(name, case, runner, BACKEND, "cpu")
     assert record["ok"] is False
-    checked = [w for w in record["ways"] if "diffs" in w]
+    checked = [w for w in record["kernels"] if "diffs" in w]
     assert checked and not any(w["ok"] for w in checked)
     for w in checked:
         assert w["diffs"]["outputs"] > parity.TOLERANCE["outputs"]

@@ -409,7 +409,7 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize(
-    "make, why",
+    "make, reason",
     [
         (lambda: keras.layers.LSTM(4), None),
         (lambda: keras.layers.LSTM(4, dropout=0.5), None),
@@ -430,17 +430,17 @@ def test_bad_arguments_raise():
         (lambda: keras.layers.LSTM(4, dtype="float64"), "compute dtype float64"),
     ],
 )
-def test_equations_why(make, why):
+def test_equations_why(make, reason):
     """Which layers the kernel computes; on this CPU none runs cuDNN."""
     inner = make()
-    got = jax_fused.equations_why(inner)
-    if why is None:
+    got = jax_fused.equations_reason(inner)
+    if reason is None:
         assert got is None
-        assert jax_fused.why_not(inner) == (
+        assert jax_fused.decline_reason(inner) == (
             "no CUDA GPU: jax.experimental.rnn.lstm runs cuDNN only"
         )
     else:
-        assert why in got and jax_fused.why_not(inner) == got
+        assert reason in got and jax_fused.decline_reason(inner) == got
     assert not jax_fused.available(inner)
     assert not jax_fused.cudnn_present()
 

@@ -24,7 +24,7 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.skipif(
-    BACKEND != "jax", reason="jax_tiers is the JAX backend's way"
+    BACKEND != "jax", reason="jax_tiers is the JAX backend's kernel"
 )
 
 if BACKEND == "jax":
@@ -161,8 +161,8 @@ def test_bidirectional_every_merge_mode(kind, merge_mode):
     with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK)
         grads = loss_and_grads(ours, x, mask=MASK)[1]
-    assert [d.way for d in plans[0].directions] == ["jax-tiers"] * 2
-    assert plans[0].route == "fused"
+    assert [d.kernel for d in plans[0].directions] == ["jax-tiers"] * 2
+    assert plans[0].strategy == "one_call"
     assert_close(got, ref(x, mask=MASK))
     assert_close(grads, loss_and_grads(ref, x, mask=MASK)[1])
 
@@ -195,7 +195,7 @@ def test_rnn_go_backwards_initial_state(kind, go_backwards):
     started = np.cumsum(read, axis=1) > 0
     with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK, initial_state=states)
-    assert plans[0].way() == "jax-tiers"
+    assert plans[0].kernel() == "jax-tiers"
     assert_close(got[0] * started[..., None], want[0] * started[..., None])
     assert_close(got[1:], want[1:])
 
@@ -234,7 +234,7 @@ def test_mixed_precision(kind, policy, atol):
     with _tiers(kind), backends.record() as plans:
         got = ours(x, mask=MASK)
         got_grads = loss_and_grads(ours, x, mask=MASK)[1]
-    assert plans[0].way() == "jax-tiers"
+    assert plans[0].kernel() == "jax-tiers"
     want = ref(x, mask=MASK)
     assert str(got[0].dtype) == policy.split("_")[1]
     assert_close(
@@ -295,7 +295,7 @@ for kind in ("LSTM", "GRU", "SimpleRNN"):
     w = [v.value for v in ours.trainable_variables]
     with backends.force("jax-tiers"), backends.record() as plans:
         (lo, out), g = jax.value_and_grad(our_loss, (0, 1), has_aux=True)(w, x)
-    assert plans[0].way() == "jax-tiers", plans[0].info()
+    assert plans[0].kernel() == "jax-tiers", plans[0].info()
     want = reference(kind, w, x)
     gw = jax.grad(lambda w, x: loss(reference(kind, w, x)), (0, 1))(w, x)
     for a, b in zip(list(out) + jax.tree.leaves(g), want + jax.tree.leaves(gw)):
@@ -338,7 +338,7 @@ def test_fit_step_matches_keras_masked_loop():
     ours = model()
     with backends.record() as plans:
         ours.fit([x, lengths], target, epochs=2, batch_size=6, verbose=0)
-    assert {d.way for p in plans for d in p.directions} == {"jax-tiers"}
+    assert {d.kernel for p in plans for d in p.directions} == {"jax-tiers"}
     ref = model()
     with backends.force("keras-masked"):
         ref.fit([x, lengths], target, epochs=2, batch_size=6, verbose=0)
@@ -370,7 +370,7 @@ def test_vmap_matches_each_call():
 
 
 @pytest.mark.parametrize(
-    "make, why",
+    "make, reason",
     [
         (lambda: keras.layers.LSTM(4, activation="relu"), "tanh"),
         (lambda: keras.layers.GRU(4, recurrent_activation="hard_sigmoid"), "sigmoid"),
@@ -381,18 +381,18 @@ def test_vmap_matches_each_call():
         (lambda: keras.layers.LSTM(4, activity_regularizer="l2"), "activity_reg"),
     ],
 )
-def test_declined_layers_say_why(make, why):
+def test_declined_layers_say_why(make, reason):
     """What the tiers do not compute exactly runs Keras' layer, and the
-    plan's reason says why; forcing the way raises `Declined`."""
+    plan's reason says why; forcing the kernel raises `Declined`."""
     layer = MaskedRNN(make())
     x = np.zeros((2, 3, D), "float32")
     layer(x, lengths=np.array([3, 1]))
     with backends.record() as plans:
         layer(x, lengths=np.array([3, 1]))
-    assert plans[0].way() != "jax-tiers"
+    assert plans[0].kernel() != "jax-tiers"
     options = dict(plans[0].directions[0].options)
-    assert why in str(options["jax-tiers"]) and options["jax-tiers"].hard
-    with pytest.raises(backends.Declined, match=why):
+    assert reason in str(options["jax-tiers"]) and options["jax-tiers"].blocking
+    with pytest.raises(backends.Declined, match=reason):
         with backends.force("jax-tiers"):
             layer(x, lengths=np.array([3, 1]))
 
@@ -416,9 +416,9 @@ def test_symbolic_batch_declines_the_tiers_and_exports():
     spec_n = jax.ShapeDtypeStruct((b,), "int32")
     with backends.record() as plans:
         exported = export.export(jax.jit(f))(spec_x, spec_n)
-    assert plans and all(p.way() != "jax-tiers" for p in plans)
-    why = dict(plans[0].directions[0].options)["jax-tiers"]
-    assert why.hard and "symbolic" in str(why)
+    assert plans and all(p.kernel() != "jax-tiers" for p in plans)
+    reason = dict(plans[0].directions[0].options)["jax-tiers"]
+    assert reason.blocking and "symbolic" in str(reason)
     assert_close(exported.call(x, lengths), ref(x, mask=valid))
     assert_close(exported.call(x[:2], lengths[:2]), ref(x[:2], mask=valid[:2]))
 
@@ -432,7 +432,7 @@ def test_gpu_plan(monkeypatch):
 
     monkeypatch.setattr(jax_fused, "cudnn_present", lambda: True)
     monkeypatch.setattr(jax_backend, "has_fused_rnn_kernel", lambda: True)
-    for make, way in [
+    for make, kernel in [
         (lambda: keras.layers.LSTM(U), "jax-fused"),
         (lambda: keras.layers.GRU(U), "jax-tiers"),
         (lambda: keras.layers.SimpleRNN(U), "jax-tiers"),
@@ -445,7 +445,7 @@ def test_gpu_plan(monkeypatch):
             None,
             False,
         )
-        assert plan.way() == way, plan.info()
+        assert plan.kernel() == kernel, plan.info()
 
 
 def test_no_host_sync_and_static_shapes():
@@ -470,6 +470,6 @@ def test_simple_rnn_on_a_cpu_runs_keras_masked_loop():
     layer = MaskedRNN(keras.layers.SimpleRNN(U, return_sequences=True))
     layer.build((None, None, D))
     plan = backends.plan({"layer": layer.layer}, None, False)
-    assert plan.way() == "keras-masked"
-    why = dict(plan.directions[0].options)["jax-tiers"]
-    assert not why.hard and "SimpleRNN's step" in str(why)
+    assert plan.kernel() == "keras-masked"
+    reason = dict(plan.directions[0].options)["jax-tiers"]
+    assert not reason.blocking and "SimpleRNN's step" in str(reason)

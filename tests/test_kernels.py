@@ -1,4 +1,4 @@
-"""`maskedrnn.backends`: which way computes a direction, and why.
+"""`maskedrnn.backends`: which kernel computes a direction, and why.
 
 What is specified here is the choice; each runner's numbers are checked
 against Keras' masked layer in tests/test_masked_rnn.py,
@@ -126,7 +126,7 @@ def test_without_states_or_for_gru_no_mask_reaches_the_inner_layer(kind):
         x = np.random.default_rng(1).standard_normal((B, T, D)).astype("float32")
         # On a JAX CPU the length tiers run by default (no inner layer
         # called), and on a TensorFlow CPU an LSTM runs `BlockLSTMV2`, a GRU
-        # the length tiers: the unmasked way is forced there.
+        # the length tiers: the unmasked kernel is forced there.
         force = BACKEND in ("jax", "tensorflow")
         with backends.force("keras-unmasked" if force else None):
             ours(x, mask=left_padded_mask())
@@ -144,7 +144,7 @@ def test_with_a_gpu_the_lstm_runs_unmasked_even_for_states(fake_gpu):
             assert "unmasked" in sentence and "masked step loop" not in sentence
         inner = layer.layer if isinstance(layer, MaskedRNN) else layer.forward_layer
         plan = backends.plan({"layer": inner}, inner.cell.kernel, want_states=True)
-        assert plan.way() == "keras-unmasked"
+        assert plan.kernel() == "keras-unmasked"
 
 
 @tf_or_jax
@@ -154,9 +154,9 @@ def test_use_cudnn_false_counts_as_no_fused_kernel(fake_gpu):
     plan = backends.plan({"layer": layer.layer}, layer.layer.cell.kernel, True)
     if BACKEND == "jax":
         # No cuDNN: the length tiers, which carry the exact states.
-        assert plan.way() == "jax-tiers"
+        assert plan.kernel() == "jax-tiers"
         return
-    assert plan.way() == "keras-masked"
+    assert plan.kernel() == "keras-masked"
     assert "use_cudnn=False" in plan.info()["layer"]
 
 
@@ -233,10 +233,10 @@ def _keras_masked_loop_on_jax_cpu(kind, wrapper, how, monkeypatch):
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5, atol=1e-4)
     for g, want in zip(grads, ref_grads):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=1e-5)
-    # An LSTM returning states gives the older reason (`keras_ways.states_why`).
-    why = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
+    # An LSTM returning states gives the older reason (`keras_kernels.states_why`).
+    reason = "final [h, c] are wanted" if kind == "lstm" else "JAX has no fused RNN"
     for sentence in ours.kernel_info().values():
-        assert "masked step loop" in sentence and why in sentence
+        assert "masked step loop" in sentence and reason in sentence
 
 
 @tf_or_jax
@@ -285,18 +285,18 @@ def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
     gru = MaskedRNN(keras.layers.GRU(U, return_sequences=True, use_cudnn=True))
     gru.build((None, None, D))
     jax_backend = backends.current()
-    assert jax_backend.cpu_why(gru.layer) is None
+    assert jax_backend.cpu_reason(gru.layer) is None
     plan = backends.plan({"layer": gru.layer}, gru.layer.cell.kernel, False)
-    assert plan.way() == "keras-unmasked"
+    assert plan.kernel() == "keras-unmasked"
     auto = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
     auto.build((None, None, D))
-    assert jax_backend.cpu_why(auto.layer) is not None
+    assert jax_backend.cpu_reason(auto.layer) is not None
     module = keras_backend_rnn("jax")
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
-    assert jax_backend.cpu_why(auto.layer) is None
+    assert jax_backend.cpu_reason(auto.layer) is None
     plan = backends.plan({"layer": auto.layer}, auto.layer.cell.kernel, False)
     # JAX has no cuDNN GRU: the length tiers on a GPU too.
-    assert plan.way() == "jax-tiers"
+    assert plan.kernel() == "jax-tiers"
 
 
 def test_jax_cpu_rule_is_jax_only():
@@ -306,7 +306,7 @@ def test_jax_cpu_rule_is_jax_only():
     sentence = plan.info()["layer"]
     on_jax_cpu = BACKEND == "jax" and not keras_has_gpu()
     assert ("in length tiers" in sentence) == on_jax_cpu
-    assert (plan.way() == "jax-tiers") == on_jax_cpu
+    assert (plan.kernel() == "jax-tiers") == on_jax_cpu
 
 
 # ------------------------------------------------------------ torch, packed

@@ -132,11 +132,11 @@ def test_masked_calls_never_warn_that_the_mask_is_destroyed(wrapper, kind):
     [(MaskedBidirectional, False), (MaskedRNN, False), (MaskedRNN, True)],
 )
 @pytest.mark.parametrize("return_state", [False, True])
-def test_output_mask_is_the_input_mask_on_every_way(
-    way, wrapper, go_backwards, return_state
+def test_output_mask_is_the_input_mask_on_every_kernel(
+    kernel, wrapper, go_backwards, return_state
 ):
     """The sequence outputs carry the input mask as it is, as Keras'
-    `RNN.compute_mask` says, whichever way the layer runs: not the reversed
+    `RNN.compute_mask` says, whichever kernel the layer runs: not the reversed
     mask a `go_backwards` direction reads, which the inner layer of Keras'
     masked loop attaches to its own output. States carry no mask."""
     x = np.random.default_rng(0).standard_normal((B, T, D)).astype("float32")

@@ -73,7 +73,7 @@ OUTPUT_CASES = [(m, True, True) for m in MERGE_MODES] + [
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("merge_mode, return_sequences, return_state", OUTPUT_CASES)
 def test_matches_keras_bidirectional_with_mask(
-    kind, merge_mode, return_sequences, return_state, grad_mode, way
+    kind, merge_mode, return_sequences, return_state, grad_mode, kernel
 ):
     ours, ref = pair(
         kind,
@@ -86,7 +86,7 @@ def test_matches_keras_bidirectional_with_mask(
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
-def test_gradients_match_keras(kind, way):
+def test_gradients_match_keras(kind, kernel):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(1), edge_mask()
     loss_o, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -99,7 +99,7 @@ def test_gradients_match_keras(kind, way):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_gradients_match_keras_last_output(kind, way):
+def test_gradients_match_keras_last_output(kind, kernel):
     ours, ref = pair(kind, return_sequences=False)
     x, mask = make_inputs(2), edge_mask()
     _, grads_o = loss_and_grads(ours, x, mask=mask)
@@ -109,7 +109,7 @@ def test_gradients_match_keras_last_output(kind, way):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_lengths_equal_right_padded_mask(kind, grad_mode, way):
+def test_lengths_equal_right_padded_mask(kind, grad_mode, kernel):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x = make_inputs(3)
     lengths = np.array([7, 3, 0, 1, 5, 7], "int32")
@@ -120,14 +120,14 @@ def test_lengths_equal_right_padded_mask(kind, grad_mode, way):
     assert_all_close(ours(x, mask=np.ones((B, T), bool), lengths=lengths), expected)
 
 
-def test_no_mask_equals_unmasked_bidirectional(way):
+def test_no_mask_equals_unmasked_bidirectional(kernel):
     ours, ref = pair("lstm", return_sequences=True, return_state=True)
     x = make_inputs(4)
     assert_all_close(ours(x), ref(x))
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_initial_state(kind, grad_mode, way):
+def test_initial_state(kind, grad_mode, kernel):
     ours, ref = pair(kind, return_sequences=True, return_state=True)
     x, mask = make_inputs(5), edge_mask()
     n = 4 if kind == "lstm" else 2
@@ -555,8 +555,8 @@ def test_kernel_info_promises_no_fused_simple_rnn_kernel():
     # Keras' unmasked SimpleRNN's sentence (forced on JAX, whose CPU default
     # is Keras' masked loop, tests/test_kernels.py, and on TensorFlow, whose
     # CPU default is the length tiers, tests/test_tf_tiers.py).
-    way = "keras-unmasked" if keras.backend.backend() != "torch" else None
-    with backends.force(way):
+    kernel = "keras-unmasked" if keras.backend.backend() != "torch" else None
+    with backends.force(kernel):
         info = layer.kernel_info()
     for sentence in info.values():
         if keras.backend.backend() == "torch":

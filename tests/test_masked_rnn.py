@@ -61,7 +61,7 @@ OPTION_IDS = [
 @pytest.mark.parametrize("options", OPTIONS, ids=OPTION_IDS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_matches_keras_layer_with_mask_lengths_and_no_mask(
-    kind, options, grad_mode, way
+    kind, options, grad_mode, kernel
 ):
     """Outputs and states equal the wrapped layer's with the same mask (every
     pattern in one batch); `lengths` equal its right-padded mask and win over
@@ -77,7 +77,7 @@ def test_matches_keras_layer_with_mask_lengths_and_no_mask(
 
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_gradients_match_keras(kind, go_backwards, way):
+def test_gradients_match_keras(kind, go_backwards, kernel):
     """Gradients w.r.t. the inputs and every weight, through outputs and
     states."""
     ours, ref = pair(
@@ -94,7 +94,7 @@ def test_gradients_match_keras(kind, go_backwards, way):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_gradients_match_keras_last_output_with_lengths(kind, way):
+def test_gradients_match_keras_last_output_with_lengths(kind, kernel):
     ours, ref = pair(kind, return_sequences=False, zero_output_for_mask=True)
     x = make_inputs(2)
     _, grads_o = loss_and_grads(ours, x, lengths=LENGTHS)
@@ -110,7 +110,7 @@ def _before_first_valid_step(mask, go_backwards):
 
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
-def test_initial_state_matches_keras(kind, go_backwards, grad_mode, way):
+def test_initial_state_matches_keras(kind, go_backwards, grad_mode, kernel):
     """States start from `initial_state`; an all-padding row returns it. On
     TensorFlow and torch, Keras outputs zeros before a row's first valid step
     whatever the initial state, as ours does; Keras' JAX backend repeats the

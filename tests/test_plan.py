@@ -1,11 +1,11 @@
 """`maskedrnn.backends`: one plan per call, forced plans, and the layout.
 
 - The plan a call runs is the one `kernel_info()` and `uses_fast_path`
-  report: spies on the code each way calls (the inner Keras layer and the
+  report: spies on the code each kernel calls (the inner Keras layer and the
   mask it gets, PyTorch's kernels) agree with the sentence, for the default
-  plan and for every forced way.
-- `force(way)` runs that way, and a way the backend cannot run for a layer
-  here raises `Declined` with the reason; forcing outside `WAYS` is an
+  plan and for every forced kernel.
+- `force(kernel)` runs that kernel, and a kernel the backend cannot run for a layer
+  here raises `Declined` with the reason; forcing outside `KERNELS` is an
   error.
 - Reason sentences are built only when asked for (`kernel_info()`): a call
   builds none.
@@ -92,9 +92,9 @@ def _spy_tiers(monkeypatch):
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple", "rnn_cell"])
 @pytest.mark.parametrize("return_state", [False, True])
 def test_kernel_info_says_what_ran(
-    wrapper, kind, return_state, grad_mode, way, monkeypatch
+    wrapper, kind, return_state, grad_mode, kernel, monkeypatch
 ):
-    """Whatever the plan (the default one, or a forced way), the sentence of
+    """Whatever the plan (the default one, or a forced kernel), the sentence of
     each direction names the code that the spies see run, the layer matches
     Keras' masked layer, and `uses_fast_path` says whether a mask reached
     an inner layer."""
@@ -141,13 +141,13 @@ def test_kernel_info_says_what_ran(
         assert native == [] and fused == [] and block == [] and tiers == []
         assert seen == [None] * len(sentences)
         assert ours.uses_fast_path
-    if way != "default":
-        forced = f"forced by maskedrnn.backends.force('{way}')"
+    if kernel != "default":
+        forced = f"forced by maskedrnn.backends.force('{kernel}')"
         assert all(s.startswith(forced) for s in sentences)
 
 
-def test_force_rejects_unknown_ways_and_declines_with_the_reason():
-    with pytest.raises(ValueError, match="way must be one of"):
+def test_force_rejects_unknown_kernels_and_declines_with_the_reason():
+    with pytest.raises(ValueError, match="kernel must be one of"):
         with backends.force("cudnn"):
             pass
     layer = MaskedRNN(keras.layers.RNN(keras.layers.GRUCell(U)))
@@ -164,12 +164,53 @@ def test_force_rejects_unknown_ways_and_declines_with_the_reason():
     assert backends.forced() is None
 
 
+def test_former_names_warn_and_still_work():
+    """The spellings before 0.3.0 (`WAYS`, `FUSED_WAYS`, `ROUTES`,
+    `force(way=...)`, `Plan.way()`, `Plan.route`, `Direction.way`) answer as
+    the new names do, each with a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match="use KERNELS"):
+        assert backends.WAYS == backends.KERNELS
+    with pytest.warns(DeprecationWarning, match="use ONE_CALL_KERNELS"):
+        assert backends.FUSED_WAYS == backends.current().ONE_CALL_KERNELS
+    with pytest.warns(DeprecationWarning, match="use STRATEGIES"):
+        assert backends.ROUTES == ("torch", "masked_loop", "fused", "valid_first")
+    with pytest.raises(AttributeError):
+        backends.NO_SUCH_NAME  # noqa: B018
+    layer = MaskedBidirectional(keras.layers.GRU(U, return_sequences=True))
+    x, mask = _inputs()
+    with pytest.warns(DeprecationWarning, match="force"):
+        with backends.force(way="keras-masked"):
+            with backends.record() as plans:
+                layer(x, mask=mask)
+    (made,) = plans
+    assert made.kernel(1) == "keras-masked" and made.strategy == "masked_loop"
+    with pytest.warns(DeprecationWarning, match="Plan.way"):
+        assert made.way(1) == "keras-masked"
+    with pytest.warns(DeprecationWarning, match="Direction.way"):
+        assert made.directions[0].way == "keras-masked"
+    with pytest.warns(DeprecationWarning, match="Plan.route"):
+        assert made.route == "masked_loop"
+    former = {"caller_order": "torch", "one_call": "fused"}
+    with backends.record() as plans:
+        layer(x, mask=mask)
+    with pytest.warns(DeprecationWarning):
+        assert plans[0].route == former.get(plans[0].strategy, plans[0].strategy)
+
+
+def test_bench_former_way_option_is_kernel(capsys):
+    from maskedrnn import bench
+
+    args = bench.build_parser().parse_args(["--way", "keras-masked"])
+    assert args.kernels == ["keras-masked"]
+    assert "--way is deprecated; use --kernel" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(
-    BACKEND not in ("torch", "jax"), reason="the one-call ways: torch and JAX"
+    BACKEND not in ("torch", "jax"), reason="the one-call kernels: torch and JAX"
 )
-def test_unroll_declines_the_one_call_way_on_every_backend_with_it():
-    """One rule where a backend has a one-call way: `unroll=True` asks for
-    Keras' unrolled loop, so that way is declined (forcing it raises
+def test_unroll_declines_the_one_call_kernel_on_every_backend_with_it():
+    """One rule where a backend has a one-call kernel: `unroll=True` asks for
+    Keras' unrolled loop, so that kernel is declined (forcing it raises
     `Declined` saying so) and `kernel_info()` names the reason; the layer
     runs Keras' unmasked layer, equal to Keras' masked one (rolled: Keras'
     unrolled loop with a mask fails on some backends)."""
@@ -178,28 +219,28 @@ def test_unroll_declines_the_one_call_way_on_every_backend_with_it():
     ours.build((None, None, D))
     ours.set_weights(ref.get_weights())
     x, mask = _inputs()
-    ways = backends.current().FUSED_WAYS
-    assert ways
-    for way in ways:
-        with backends.force(way):
+    kernels = backends.current().ONE_CALL_KERNELS
+    assert kernels
+    for kernel in kernels:
+        with backends.force(kernel):
             with pytest.raises(backends.Declined, match="unroll=True asks for Keras"):
                 ours(x, mask=mask)
         options = backends.plan({"forward": ours.forward_layer}, None, False)
-        why = dict(options.directions[0].options)[way]
-        assert why.hard and "unroll=True" in str(why)
+        reason = dict(options.directions[0].options)[kernel]
+        assert reason.blocking and "unroll=True" in str(reason)
     with backends.record() as plans:
         got = ours(x, mask=mask)
-    assert not {d.way for d in plans[0].directions} & set(ways)
+    assert not {d.kernel for d in plans[0].directions} & set(kernels)
     assert_close(got, ref(x, mask=mask))
 
 
 def test_a_call_builds_no_reason_sentence(monkeypatch):
     """Sentences are built only for `kernel_info()`: a call that passes
-    over ways (a generic cell declines the unmasked ones) builds none."""
+    over kernels (a generic cell declines the unmasked ones) builds none."""
     built = []
-    original = backends.Why.__str__
+    original = backends.Reason.__str__
     monkeypatch.setattr(
-        backends.Why, "__str__", lambda self: built.append(1) or original(self)
+        backends.Reason, "__str__", lambda self: built.append(1) or original(self)
     )
     layer = MaskedBidirectional(keras.layers.RNN(keras.layers.LSTMCell(U)))
     x, mask = _inputs()
@@ -233,8 +274,8 @@ def test_every_backend_module_answers_the_same_questions():
             elif isinstance(node, ast.Assign):
                 defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
         assert names <= defined, (backend, names - defined)
-    assert set(backends.current().WAYS) <= set(backends.WAYS)
-    assert backends.current().WAYS[-1] == "keras-masked"
+    assert set(backends.current().KERNELS) <= set(backends.KERNELS)
+    assert backends.current().KERNELS[-1] == "keras-masked"
 
 
 # ------------------------------------------------------------------ layout
@@ -309,7 +350,7 @@ def test_the_finders_see_what_they_look_for():
     assert _asks_backend_name(tree) == [6]
 
 
-def test_plan_of_a_forced_way_is_what_kernel_info_reports():
+def test_plan_of_a_forced_kernel_is_what_kernel_info_reports():
     layer = MaskedRNN(keras.layers.GRU(U, return_sequences=True))
     layer.build((None, None, D))
     with backends.force("keras-masked"):
@@ -318,11 +359,11 @@ def test_plan_of_a_forced_way_is_what_kernel_info_reports():
     assert "masked step loop" in info and "forced" in info
 
 
-def test_record_collects_the_plan_each_call_ran(way):
+def test_record_collects_the_plan_each_call_ran(kernel):
     """`record()` holds one plan per call, in order, nested blocks each
     their own; each plan is the one that ran: Keras' masked loop (the
-    `"keras-masked"` way of every direction) exactly when the inner layers
-    were handed a mask (spied; PyTorch's ways and the GRU's length tiers
+    `"keras-masked"` kernel of every direction) exactly when the inner layers
+    were handed a mask (spied; PyTorch's kernels and the GRU's length tiers
     call no Keras layer), and its
     sentences those of `kernel_info()`. Calls outside are not recorded."""
     layer = MaskedBidirectional(keras.layers.GRU(U, return_sequences=True))
@@ -339,13 +380,17 @@ def test_record_collects_the_plan_each_call_ran(way):
     layer(x, mask=mask)
     assert len(outer) == 2 and len(inner) == 1 and inner[0] is outer[1]
     for plan, masks in zip(outer, handed):
-        ways = [d.way for d in plan.directions]
-        if all(w.startswith("torch") or w in ("tf-tiers", "jax-tiers") for w in ways):
+        kernels = [d.kernel for d in plan.directions]
+        if all(
+            w.startswith("torch") or w in ("tf-tiers", "jax-tiers") for w in kernels
+        ):
             # No Keras layer called (PyTorch's kernels, the length tiers).
-            assert masks in ([], [False] * len(ways))
+            assert masks in ([], [False] * len(kernels))
         else:
-            assert masks == [w == "keras-masked" for w in ways]
-        assert (plan.route == "masked_loop") == all(w == "keras-masked" for w in ways)
+            assert masks == [w == "keras-masked" for w in kernels]
+        assert (plan.strategy == "masked_loop") == all(
+            w == "keras-masked" for w in kernels
+        )
     assert outer[0].info() == layer.kernel_info()
-    if way != "default":
-        assert all(d.way == way for plan in outer for d in plan.directions)
+    if kernel != "default":
+        assert all(d.kernel == kernel for plan in outer for d in plan.directions)

@@ -1,4 +1,4 @@
-"""The `"tf-block-lstm"` way: TensorFlow's fused LSTM kernel, `BlockLSTMV2`.
+"""The `"tf-block-lstm"` kernel: TensorFlow's fused LSTM kernel, `BlockLSTMV2`.
 
 Oracle: Keras' own `LSTM` (`use_cudnn=False`, its generic masked loop) and
 `Bidirectional`, handed the same mask explicitly, same weights: outputs,
@@ -9,7 +9,7 @@ the default plan, eager and in `tf.function`. The plan's choices (what runs
 where the op does not: XLA, float64, other activations, `portable()`) are
 read from `kernel_info()` and `maskedrnn.backends.record()`.
 
-TensorFlow only: the other backends have no such way (tests/test_plan.py
+TensorFlow only: the other backends have no such kernel (tests/test_plan.py
 checks that forcing it there is declined).
 """
 
@@ -31,13 +31,13 @@ from tests.helpers import (
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
     reason="tf.raw_ops.BlockLSTMV2 is a TensorFlow op: only the TensorFlow "
-    "backend offers the 'tf-block-lstm' way",
+    "backend offers the 'tf-block-lstm' kernel",
 )
 
 if BACKEND == "tensorflow":
     import tensorflow as tf
 
-WAY = "tf-block-lstm"
+KERNEL = "tf-block-lstm"
 B, T, D, U = 6, 7, 3, 4
 LENGTHS = np.array([7, 3, 0, 1, 5, 6], "int32")
 SHORT = np.array([3, 0, 1, 2, 3, 1], "int32")  # every row shorter than T
@@ -106,20 +106,20 @@ def assert_matches(ours, ref, x, atol=1e-5, **kw):
         )
 
 
-def ways_of(plans):
-    return {d.way for p in plans for d in p.directions}
+def kernels_of(plans):
+    return {d.kernel for p in plans for d in p.directions}
 
 
 @pytest.fixture(params=["forced", "default"])
 def how(request):
-    """The way forced, or chosen by the default plan (checked to be it)."""
+    """The kernel forced, or chosen by the default plan (checked to be it)."""
     if request.param == "forced":
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             yield request.param
         return
     with backends.record() as plans:
         yield request.param
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
 
 
 @pytest.mark.parametrize("merge_mode", MERGE_MODES)
@@ -174,7 +174,7 @@ def test_no_bias_runs_with_a_zero_bias(how):
 
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_in_tf_function(jit_compile):
-    """In `tf.function` the way runs; XLA has no kernel for the op, so with
+    """In `tf.function` the kernel runs; XLA has no kernel for the op, so with
     `jit_compile=True` the plan picks Keras' layer (recorded), same results."""
     ours, ref = pair("bidirectional")
     x, mask = inputs(6), edge_mask()
@@ -189,7 +189,7 @@ def test_in_tf_function(jit_compile):
 
     with backends.record() as plans:
         outs, grads = step(tf.constant(x))
-    assert ways_of(plans) == ({"keras-masked"} if jit_compile else {WAY})
+    assert kernels_of(plans) == ({"keras-masked"} if jit_compile else {KERNEL})
     with tf.GradientTape() as tape:
         xt = tf.constant(x)
         tape.watch(xt)
@@ -210,7 +210,7 @@ def test_mixed_precision_matches_keras():
             assert_matches(ours, ref, inputs(7), atol=5e-3, mask=edge_mask())
     finally:
         keras.config.set_dtype_policy(previous)
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
 
 
 def test_input_dropout_is_applied_before_the_op():
@@ -218,15 +218,15 @@ def test_input_dropout_is_applied_before_the_op():
     mask for every step, applied by the core), as Keras' unmasked layer
     does given the same seed."""
     results, weights = [], pair("rnn")[0].get_weights()
-    for way in (WAY, "keras-unmasked"):
+    for kernel in (KERNEL, "keras-unmasked"):
         ours, _ = pair("rnn", dropout=0.5, seed=3)
         ours.set_weights(weights)
-        with backends.force(way):
+        with backends.force(kernel):
             results.append(to_np(ours(inputs(8), mask=edge_mask(), training=True)))
     for a, e in zip(*results):
         np.testing.assert_allclose(a, e, atol=1e-5)
     # The dropout did something: the outputs differ from inference.
-    with backends.force(WAY):
+    with backends.force(KERNEL):
         plain = to_np(ours(inputs(8), mask=edge_mask(), training=False))
     assert np.abs(plain[0] - results[0][0]).max() > 1e-2
 
@@ -262,15 +262,15 @@ def test_declined_cases_raise_when_forced_and_unroll_only_prefers():
         (keras.layers.LSTM(U, dtype="float64"), "float64"),
         (keras.layers.GRU(U), "keras.layers.LSTM only"),
     ]:
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             with pytest.raises(backends.Declined, match=reason):
                 MaskedRNN(inner)(x.astype(inner.compute_dtype), mask=mask)
     # unroll=True: Keras' unrolled loop by default, the op when forced.
     ours, ref = pair("rnn", unroll=True)
     with backends.record() as plans:
         ours(x, mask=mask)
-    assert WAY not in ways_of(plans)
-    with backends.force(WAY):
+    assert KERNEL not in kernels_of(plans)
+    with backends.force(KERNEL):
         assert_matches(ours, ref, x, mask=mask)
 
 
@@ -286,7 +286,7 @@ def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
     lengths = np.array([2, T + 3, 1, -1], "int32")
     with backends.record() as plans:
         outs = model.predict([x, lengths], verbose=0)
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
     good = np.array([0, 2])
     expected = ours(x[good], lengths=lengths[good])
     for out, exp in zip(outs, expected):
@@ -296,7 +296,7 @@ def test_bad_lengths_in_compiled_code_poison_their_rows(wrapper):
 
 def test_declined_under_xla_and_in_portable_block():
     ours, ref = pair("bidirectional")
-    check_declined_contexts(ours, ref, WAY, inputs(), edge_mask())
+    check_declined_contexts(ours, ref, KERNEL, inputs(), edge_mask())
 
 
 def tier_sizes(monkeypatch):
@@ -321,7 +321,7 @@ def test_rows_run_in_tiers_by_length(wrapper, batch, tiers, monkeypatch):
     rng = np.random.default_rng(1)
     n = 4 if wrapper == "bidirectional" else 2
     init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
-    with backends.force(WAY):
+    with backends.force(KERNEL):
         assert_matches(ours, ref, x.astype("float32"), initial_state=init, mask=mask)
     directions = 2 if wrapper == "bidirectional" else 1
     calls = sizes()
@@ -388,7 +388,7 @@ def test_tiers_with_an_unknown_batch_size(monkeypatch):
         x = np.random.default_rng(batch).standard_normal((batch, time, D))
         x = tf.constant(x.astype("float32"))
         mask = tf.constant(tier_mask(max(batch, 4), time, seed=2)[:batch])
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             outs, grads = step(x, mask)
         if batch == 0:  # Keras' LSTMCell raises on an empty batch.
             shapes = [(0, time, 2 * U)] + [(0, U)] * 4
@@ -419,7 +419,7 @@ def test_mixed_precision_in_tiers():
     try:
         ours, ref = pair("rnn")
         x = np.random.default_rng(4).standard_normal((32, T, D)).astype("float32")
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             assert_matches(ours, ref, x, atol=5e-3, mask=tier_mask(32, T, seed=4))
     finally:
         keras.config.set_dtype_policy(previous)
@@ -441,7 +441,7 @@ def test_eager_gradients_over_several_shapes():
         ours.set_weights(ref.get_weights())
         x = np.random.default_rng(batch).standard_normal((batch, time, features))
         mask = tier_mask(batch, time, seed=1)
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             assert_matches(ours, ref, x.astype("float32"), mask=mask)
 
 
@@ -491,7 +491,7 @@ def test_gradient_traced_once_per_sizes(monkeypatch):
 
     with backends.record() as plans:
         got, got_grads = tf.function(step)(ours)
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
     # 4 tiers in each of 4 directions, traced twice (once per layer).
     assert fresh.experimental_get_tracing_count() == 2
     want, want_grads = step(refs)

@@ -1,4 +1,4 @@
-"""The `"tf-tiers"` way: Keras' GRU and SimpleRNN in length tiers on TensorFlow.
+"""The `"tf-tiers"` kernel: Keras' GRU and SimpleRNN in length tiers on TensorFlow.
 
 Oracle: Keras' own `GRU` (`use_cudnn=False`, its generic masked loop) or
 `SimpleRNN`, and `Bidirectional`, handed the same mask explicitly, same
@@ -12,8 +12,8 @@ and in `tf.function` with unknown batch and time sizes. The plan's choices
 dropout, `portable()`) are read from `kernel_info()` and
 `maskedrnn.backends.record()`.
 
-TensorFlow only: the other backends have no such way (forcing it there is
-declined, as every way a backend lacks).
+TensorFlow only: the other backends have no such kernel (forcing it there is
+declined, as every kernel a backend lacks).
 """
 
 import keras
@@ -34,13 +34,13 @@ from tests.helpers import (
 pytestmark = pytest.mark.skipif(
     BACKEND != "tensorflow",
     reason="the length tiers are TensorFlow code: only the TensorFlow "
-    "backend offers the 'tf-tiers' way",
+    "backend offers the 'tf-tiers' kernel",
 )
 
 if BACKEND == "tensorflow":
     import tensorflow as tf
 
-WAY = "tf-tiers"
+KERNEL = "tf-tiers"
 B, T, D, U = 6, 7, 3, 4
 MERGE_MODES = ["concat", "sum", "ave", "mul", None]
 CELLS = {
@@ -123,20 +123,20 @@ def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
         )
 
 
-def ways_of(plans):
-    return {d.way for p in plans for d in p.directions}
+def kernels_of(plans):
+    return {d.kernel for p in plans for d in p.directions}
 
 
 @pytest.fixture(params=["forced", "default"])
 def how(request):
-    """The way forced, or chosen by the default plan (checked to be it)."""
+    """The kernel forced, or chosen by the default plan (checked to be it)."""
     if request.param == "forced":
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             yield request.param
         return
     with backends.record() as plans:
         yield request.param
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
 
 
 @pytest.mark.parametrize("merge_mode", MERGE_MODES)
@@ -219,7 +219,7 @@ def test_mixed_precision_matches_keras(cell):
         assert ours.layer.cell.kernel.dtype == "float32"
     finally:
         keras.config.set_dtype_policy(previous)
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -252,7 +252,7 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
         with backends.record() as plans:
             outs, grads = step(x, mask)
         if plans:  # traced on the first call only
-            assert (WAY in ways_of(plans)) == (not jit_compile)
+            assert (KERNEL in kernels_of(plans)) == (not jit_compile)
         if batch == 0:
             assert [tuple(o.shape) for o in outs] == [(0, time, 2 * U), (0, U), (0, U)]
             assert not any(np.any(to_np(g)) for g in grads)
@@ -282,7 +282,7 @@ def test_input_dropout_is_applied_before_the_tiers(cell):
     x, mask = inputs(8), edge_mask()
     with backends.record() as plans:
         got = ours(x, mask=mask, training=True)
-    assert ways_of(plans) == {WAY}
+    assert kernels_of(plans) == {KERNEL}
     want = ref(x * keep[:, None, :], mask=mask)
     for a, e in zip(got, want):
         np.testing.assert_allclose(to_np(a), to_np(e), atol=1e-5)
@@ -326,26 +326,26 @@ def test_declined_cases_raise_when_forced(cell):
         (inner(cell, dtype="mixed_bfloat16"), "bfloat16; the tiers compute float16")
     )
     for layer_inner, reason in layers:
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             with pytest.raises(backends.Declined, match=reason):
                 MaskedRNN(layer_inner)(x, mask=mask)
     # Recurrent dropout: declined while training and at inference alike
     # (the plan does not depend on `training`).
-    with backends.force(WAY):
+    with backends.force(KERNEL):
         with pytest.raises(backends.Declined, match="recurrent_dropout"):
             MaskedRNN(inner(cell, recurrent_dropout=0.2))(x, mask=mask, training=True)
     # unroll=True: Keras' unrolled loop by default, the tiers when forced.
     ours, ref = pair(cell, "rnn", unroll=True)
     with backends.record() as plans:
         ours(x, mask=mask)
-    assert WAY not in ways_of(plans)
-    with backends.force(WAY):
+    assert KERNEL not in kernels_of(plans)
+    with backends.force(KERNEL):
         assert_matches(ours, ref, x, mask=mask)
 
 
 def test_declined_under_xla_and_in_portable_block(cell):
     ours, ref = pair(cell, "bidirectional")
-    check_declined_contexts(ours, ref, WAY, inputs(), edge_mask())
+    check_declined_contexts(ours, ref, KERNEL, inputs(), edge_mask())
 
 
 def tier_sizes(monkeypatch):
@@ -371,7 +371,7 @@ def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
     rng = np.random.default_rng(1)
     n = 2 if wrapper == "bidirectional" else 1
     init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
-    with backends.force(WAY):
+    with backends.force(KERNEL):
         assert_matches(ours, ref, x, initial_state=init, mask=mask)
     calls = sizes()
     assert len(calls) == tiers * n
@@ -413,5 +413,5 @@ def test_eager_gradients_over_several_shapes(cell):
     for batch, time in [(16, 5), (9, 8), (24, 3)]:
         ours, ref = pair(cell, "rnn")
         x = inputs(batch, batch=batch, time=time)
-        with backends.force(WAY):
+        with backends.force(KERNEL):
             assert_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))

@@ -1,4 +1,4 @@
-"""The `"torch-fused"` way: every direction of a call in one PyTorch kernel call.
+"""The `"torch-fused"` kernel: every direction of a call in one PyTorch kernel call.
 
 Forced on a CPU (`maskedrnn.backends.force("torch-fused")`: PyTorch's CPU
 kernels compute cuDNN's equations), against two independent oracles:
@@ -20,7 +20,7 @@ rows NaN, no host read).
 
 Device-agnostic: the tensors go where Keras puts the weights (CUDA on a
 GPU, where `scripts/gpu_check.py` runs this module in its test subset and
-the way runs cuDNN) and come back through `.cpu()`; TF32 is off for the
+the kernel runs cuDNN) and come back through `.cpu()`; TF32 is off for the
 whole run (tests/conftest.py), so float32 stays float32 there.
 """
 
@@ -32,7 +32,9 @@ from maskedrnn import MaskedBidirectional, MaskedRNN, backends, convert
 from tests.helpers import BACKEND, oracle_pair, spy_fused_kernels, to_np
 
 if BACKEND != "torch":
-    pytest.skip("the torch-fused way is the torch backend's", allow_module_level=True)
+    pytest.skip(
+        "the torch-fused kernel is the torch backend's", allow_module_level=True
+    )
 
 import torch  # noqa: E402
 
@@ -106,7 +108,7 @@ def _n_states(kind, wrapper):
     return per * (2 if wrapper == "bidirectional" else 1)
 
 
-def _grads(layer, x, call_kwargs, initial_state=None, way=None):
+def _grads(layer, x, call_kwargs, initial_state=None, kernel=None):
     """Outputs and the gradients of a fixed random loss over every output
     with respect to `x`, every trainable weight and the initial states."""
     xt = _t(x, requires_grad=True)
@@ -114,10 +116,10 @@ def _grads(layer, x, call_kwargs, initial_state=None, way=None):
     if initial_state is not None:
         states = [_t(s, requires_grad=True) for s in initial_state]
         call_kwargs = dict(call_kwargs, initial_state=states)
-    if way is None:
+    if kernel is None:
         outs = layer(xt, **call_kwargs)
     else:
-        with backends.force(way):
+        with backends.force(kernel):
             outs = layer(xt, **call_kwargs)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     rng = np.random.default_rng(7)
@@ -173,7 +175,7 @@ def test_matches_keras_masked_outputs_states_and_gradients(
     x = _x()
     with backends.record() as plans:
         got = _grads(ours, x, ours_kwargs, initial_state, "torch-fused")
-    assert [p.route for p in plans] == ["fused"]
+    assert [p.strategy for p in plans] == ["one_call"]
     _assert_same(got, _grads(ref, x, ref_kwargs, initial_state))
 
 
@@ -195,7 +197,7 @@ def test_masked_rnn_go_backwards_matches_keras(kind, data, return_state):
     ours_kwargs, ref_kwargs = _call_kwargs(data)
     x = _x(2)
     _assert_same(
-        _grads(ours, x, ours_kwargs, way="torch-fused"), _grads(ref, x, ref_kwargs)
+        _grads(ours, x, ours_kwargs, kernel="torch-fused"), _grads(ref, x, ref_kwargs)
     )
 
 
@@ -208,7 +210,7 @@ def test_merge_modes_without_states(merge_mode, return_sequences):
     )
     x = _x(3)
     kwargs = dict(mask=MASKS["pre"])
-    _assert_same(_grads(ours, x, kwargs, way="torch-fused"), _grads(ref, x, kwargs))
+    _assert_same(_grads(ours, x, kwargs, kernel="torch-fused"), _grads(ref, x, kwargs))
 
 
 def test_no_mask_runs_fused_over_every_step():
@@ -216,8 +218,8 @@ def test_no_mask_runs_fused_over_every_step():
     ours, ref = oracle_pair("lstm", U, D, return_state=True, return_sequences=True)
     x = _x(4)
     with backends.record() as plans:
-        got = _grads(ours, x, {}, way="torch-fused")
-    assert plans[0].route == "fused"
+        got = _grads(ours, x, {}, kernel="torch-fused")
+    assert plans[0].strategy == "one_call"
     _assert_same(got, _grads(ref, x, {}))
 
 
@@ -237,8 +239,8 @@ def test_mixed_precision_matches_keras_masked(kind, policy):
     x = _x(5)
     kwargs = dict(mask=MASKS["holes"])
     with backends.record() as plans:
-        got = _grads(ours, x, kwargs, way="torch-fused")
-    assert plans[0].route == "fused"
+        got = _grads(ours, x, kwargs, kernel="torch-fused")
+    assert plans[0].strategy == "one_call"
     want = _grads(ref, x, kwargs)
     atol = 3e-2 if policy == "mixed_bfloat16" else 5e-3
     _assert_same(got, want, atol=atol)
@@ -263,9 +265,7 @@ def test_kernel_input_width_is_a_multiple_of_eight(kind, features, monkeypatch):
             return _original(data, hx, params, *flags)
 
         monkeypatch.setattr(torch._VF, name, spy)
-    ours, ref = oracle_pair(
-        kind, U, features, return_sequences=True, return_state=True
-    )
+    ours, ref = oracle_pair(kind, U, features, return_sequences=True, return_state=True)
     rng = np.random.default_rng(9)
     x = rng.standard_normal((B, T, features)).astype("float32")
     initial = _states(_n_states(kind, "bidirectional"))
@@ -309,7 +309,7 @@ def test_matches_pytorch_packed_sequence(kind, bidirectional):
         [ours.forward_layer, ours.backward_layer] if bidirectional else [ours.layer]
     )
     x = _x(6)
-    outs, grads = _grads(ours, x, dict(lengths=lengths), way="torch-fused")
+    outs, grads = _grads(ours, x, dict(lengths=lengths), kernel="torch-fused")
 
     module_cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
     module = module_cls(D, U, batch_first=True, bidirectional=bidirectional)
@@ -369,20 +369,20 @@ def _bidirectional(kind="lstm", **kw):
 
 def test_default_plan_is_fused_on_cuda_and_not_on_a_cpu():
     """The plan for data on CUDA (asked of the plan by device name: no GPU
-    needed) takes the one-call way and the fused route; on a CPU the
+    needed) takes the one-call kernel and the fused strategy; on a CPU the
     caller's-order kernels stay the default."""
     layer = _bidirectional()
     inners = {"forward": layer.forward_layer, "backward": layer.backward_layer}
     on_cuda = backends.plan(inners, "cuda", want_states=True)
-    assert [d.way for d in on_cuda.directions] == ["torch-fused"] * 2
-    assert on_cuda.route == "fused"
+    assert [d.kernel for d in on_cuda.directions] == ["torch-fused"] * 2
+    assert on_cuda.strategy == "one_call"
     on_cpu = backends.plan(inners, "cpu", want_states=True)
-    assert "torch-fused" not in [d.way for d in on_cpu.directions]
-    assert on_cpu.route == "torch"
+    assert "torch-fused" not in [d.kernel for d in on_cpu.directions]
+    assert on_cpu.strategy == "caller_order"
     simple = MaskedRNN(keras.layers.SimpleRNN(U))
     simple.build((None, None, D))
     plan = backends.plan({"layer": simple.layer}, "cuda", want_states=False)
-    assert plan.way() == "keras-unmasked" and plan.route == "valid_first"
+    assert plan.kernel() == "keras-unmasked" and plan.strategy == "valid_first"
 
 
 def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
@@ -410,10 +410,10 @@ def test_kernel_info_says_one_call_and_why_not_by_default_on_a_cpu():
 
 
 @pytest.mark.parametrize("case", ["reset_after", "unroll"])
-def test_on_cuda_each_declined_way_says_its_own_reason(case):
+def test_on_cuda_each_declined_kernel_says_its_own_reason(case):
     """The plan for data on CUDA (asked by device name: no GPU needed) of a
-    layer the one-call way cannot run: a GRU with `reset_after=False`
-    (cuDNN's GRU computes reset_after=True; the reason of every PyTorch way
+    layer the one-call kernel cannot run: a GRU with `reset_after=False`
+    (cuDNN's GRU computes reset_after=True; the reason of every PyTorch kernel
     is that equation, not the device) or `unroll=True` (declined as on
     JAX). Keras' unmasked layer runs, and `kernel_info()`'s sentence gives
     the real reason, not a device one."""
@@ -427,14 +427,14 @@ def test_on_cuda_each_declined_way_says_its_own_reason(case):
     layer.build((None, None, D))
     inners = {"forward": layer.forward_layer, "backward": layer.backward_layer}
     plan = backends.plan(inners, "cuda", want_states=False)
-    assert [d.way for d in plan.directions] == ["keras-unmasked"] * 2
-    assert plan.route == "valid_first"
-    whys = dict(plan.directions[0].options)
-    assert whys["torch-fused"].hard and reason in str(whys["torch-fused"])
-    for way in ("torch-packed", "torch-unpacked"):
-        assert whys[way].hard
+    assert [d.kernel for d in plan.directions] == ["keras-unmasked"] * 2
+    assert plan.strategy == "valid_first"
+    reasons = dict(plan.directions[0].options)
+    assert reasons["torch-fused"].blocking and reason in str(reasons["torch-fused"])
+    for kernel in ("torch-packed", "torch-unpacked"):
+        assert reasons[kernel].blocking
         if case == "reset_after":
-            assert str(whys[way]) == str(whys["torch-fused"])
+            assert str(reasons[kernel]) == str(reasons["torch-fused"])
     for sentence in plan.info().values():
         assert reason in sentence
         if case == "reset_after":
@@ -468,7 +468,7 @@ def test_forcing_declines_what_one_call_cannot_run():
 
 def test_input_dropout_while_training_runs_one_direction_per_call(monkeypatch):
     """Each direction has its own input dropout mask: while training, the
-    plan's route is valid-first and each direction runs its own one-call
+    plan's strategy is valid-first and each direction runs its own one-call
     kernel call on its dropped inputs; not training, one call for both."""
     layer = MaskedBidirectional(keras.layers.GRU(U, return_sequences=True, dropout=0.5))
     calls = spy_fused_kernels(monkeypatch)
@@ -476,7 +476,7 @@ def test_input_dropout_while_training_runs_one_direction_per_call(monkeypatch):
     with backends.force("torch-fused"), backends.record() as plans:
         y = layer(x, mask=MASKS["holes"], training=True)
         layer(x, mask=MASKS["holes"], training=False)
-    assert [p.route for p in plans] == ["valid_first", "fused"]
+    assert [p.strategy for p in plans] == ["valid_first", "one_call"]
     assert calls == [
         [layer.forward_layer],
         [layer.backward_layer],
@@ -529,7 +529,7 @@ def no_host_sync(monkeypatch):
 )
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync):
-    """The whole layer call on the fused route (lengths checked on the
+    """The whole layer call on the fused strategy (lengths checked on the
     device, bad rows poisoned there), with gradients recorded and final
     states, calls none of `.item()`, `.tolist()`, `nonzero()`, `.numpy()`,
     `.cpu()`, `bool()`, `int()` on a tensor and makes no tensor from host
@@ -556,11 +556,11 @@ def test_the_call_makes_no_host_sync(kind, call, return_sequences, no_host_sync)
 @pytest.mark.parametrize("case", ["initial_state", "dropout"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_initial_states_and_input_dropout_make_no_host_sync(kind, case, no_host_sync):
-    """The other routes a call can take on CUDA make no host sync either:
+    """The other strategies a call can take on CUDA make no host sync either:
     given initial states (a bidirectional LSTM's backward direction then
     runs its own call over rows reversed by their lengths,
     `ops.reverse_index`) and input dropout while training (one call per
-    direction on the valid-first route, rows reversed the same way)."""
+    direction on the valid-first strategy, rows reversed the same way)."""
     cls = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
     dropout = 0.3 if case == "dropout" else 0.0
     inner = cls(U, return_sequences=True, return_state=True, dropout=dropout)
@@ -569,8 +569,7 @@ def test_initial_states_and_input_dropout_make_no_host_sync(kind, case, no_host_
     kwargs = dict(lengths=_t(LENGTHS), training=case == "dropout")
     if case == "initial_state":
         kwargs["initial_state"] = [
-            _t(s, requires_grad=True)
-            for s in _states(_n_states(kind, "bidirectional"))
+            _t(s, requires_grad=True) for s in _states(_n_states(kind, "bidirectional"))
         ]
     layer(x, **kwargs)  # built outside the armed block
     with backends.force("torch-fused"), backends.record() as plans:
@@ -578,7 +577,7 @@ def test_initial_states_and_input_dropout_make_no_host_sync(kind, case, no_host_
         outs = layer(x, **kwargs)
         sum(o.sum() for o in outs).backward()
         no_host_sync.clear()
-    assert plans[0].route == ("valid_first" if case == "dropout" else "fused")
+    assert plans[0].strategy == ("valid_first" if case == "dropout" else "one_call")
     assert x.grad is not None
 
 

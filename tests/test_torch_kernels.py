@@ -441,9 +441,9 @@ def test_a_masked_call_runs_each_direction_from_the_callers_order(
     for name in ("run_native", "run_direction"):
         original = getattr(torch_backend, name)
 
-        def spy(way, inner, x, *args, _name=name, _original=original, **kwargs):
-            calls.append((_name, x, way == "torch-packed"))
-            return _original(way, inner, x, *args, **kwargs)
+        def spy(kernel, inner, x, *args, _name=name, _original=original, **kwargs):
+            calls.append((_name, x, kernel == "torch-packed"))
+            return _original(kernel, inner, x, *args, **kwargs)
 
         monkeypatch.setattr(torch_backend, name, spy)
     make = NATIVE["gru"]
@@ -687,7 +687,7 @@ def test_mixed_precision_is_refused(native_calls):
         keras.layers.LSTM(U, return_sequences=True, dtype="mixed_bfloat16")
     )
     ours.build((None, None, D))
-    # On a CPU (on CUDA the one-call way runs mixed precision).
+    # On a CPU (on CUDA the one-call kernel runs mixed precision).
     on_cpu = torch.zeros((1, T, D), device="cpu")
     assert "mixed_bfloat16" in ours.kernel_info(on_cpu)["forward"]
     ours(inputs(), mask=MASK)

@@ -210,7 +210,7 @@ def lengths_loss(y_true, y_pred, lengths):
 
 def train_loop(model, optimizer, batches, loss_fn):
     """Runs `optimizer` on `loss_fn(y, model(x), aux)` for each `(x, y, aux)`
-    of `batches`, the backend's own way; returns the loss of every step."""
+    of `batches`, the backend's own kernel; returns the loss of every step."""
     if BACKEND == "tensorflow":
         import tensorflow as tf
 

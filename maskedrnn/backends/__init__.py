@@ -4,34 +4,36 @@ As Keras' `keras/src/backend/<name>/rnn.py`, `tensorflow.py`, `jax.py` and
 `torch.py` define the same functions, and the layers ask the current
 backend's module (`current()`) instead of testing the backend's name:
 
-- `options(inner, where, want_states)`: the ways it can run one masked
-  direction, best first, each with what stops it here (`None`, or a `Why`:
-  hard when the way cannot run, soft when it can but another is preferred);
-- `describe(way, inner, want_states, options)`: the `kernel_info()` sentence;
-- `run(way, inner, x, initial_state, training, steps, want_states)`: one
+- `options(inner, where, want_states)`: the kernels it can run one masked
+  direction, best first, each with what stops it here (`None`, or a `Reason`:
+  blocking when the kernel cannot run, a preference when it can but another
+  is preferred);
+- `describe(kernel, inner, want_states, options)`: the `kernel_info()` sentence;
+- `run(kernel, inner, x, initial_state, training, steps, want_states)`: one
   direction on valid-first data;
 - `layout(steps)`, `run_direction(...)`: PyTorch's kernels straight from
   the caller's order (torch only);
-- `FUSED_WAYS`, `run_fused(way, inners, x, steps, initial_states, training,
-  want_states)`, `fused_why(inners)`: every direction of a call in one
-  kernel call (torch and JAX; `FUSED_WAYS = ()` elsewhere);
+- `ONE_CALL_KERNELS`, `run_fused(kernel, inners, x, steps, initial_states, training,
+  want_states)`, `one_call_reason(inners)`: every direction of a call in one
+  kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
   `take_rows`, `has_fused_rnn_kernel`: backend pieces of the ops and checks.
 
-A call computes one `Plan` (`plan()`): the way of each direction (one of
-`WAYS`) and the route of the call (one of `ROUTES`); docs/design.md
-describes each. `force(way)` makes a block run one way on purpose,
+A call computes one `Plan` (`plan()`): the kernel of each direction (one of
+`KERNELS`) and the strategy of the call (one of `STRATEGIES`); docs/design.md
+describes each. `force(kernel)` makes a block run one kernel on purpose,
 `record()` collects the plans a block made, and `portable()` keeps a block
-to ways every exporter converts.
+to kernels every exporter converts.
 """
 
 import contextlib
 import contextvars
 import importlib
+import warnings
 
 import keras
 
-WAYS = (
+KERNELS = (
     "torch-packed",
     "torch-unpacked",
     "torch-fused",
@@ -42,15 +44,42 @@ WAYS = (
     "keras-unmasked",
     "keras-masked",
 )
-ROUTES = ("torch", "masked_loop", "fused", "valid_first")
-# PyTorch's caller's-order ways (the plan's "torch" route).
-_CALLER_ORDER_WAYS = ("torch-packed", "torch-unpacked")
+STRATEGIES = ("caller_order", "masked_loop", "one_call", "valid_first")
+# PyTorch's caller's-order kernels (the plan's "caller_order" strategy).
+_CALLER_ORDER_KERNELS = ("torch-packed", "torch-unpacked")
+
+# Former names (before 0.3.0), kept one release with a DeprecationWarning.
+_FORMER_STRATEGY_NAMES = {"caller_order": "torch", "one_call": "fused"}
+_FORMER_CONSTANTS = {
+    "WAYS": "KERNELS",
+    "FUSED_WAYS": "ONE_CALL_KERNELS",
+    "ROUTES": "STRATEGIES",
+}
 
 _KNOWN = ("tensorflow", "jax", "torch")
-_FORCED = contextvars.ContextVar("maskedrnn_forced_way", default=None)
+_FORCED = contextvars.ContextVar("maskedrnn_forced_kernel", default=None)
 _RECORDS = contextvars.ContextVar("maskedrnn_plan_records", default=())
 _PORTABLE = contextvars.ContextVar("maskedrnn_portable", default=False)
 _MODULES = {}
+
+
+def _deprecated(old, new):
+    warnings.warn(
+        f"maskedrnn.backends: {old} is deprecated; use {new}.",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def __getattr__(attr):
+    if attr in _FORMER_CONSTANTS:
+        _deprecated(attr, _FORMER_CONSTANTS[attr])
+        if attr == "ROUTES":
+            return tuple(_FORMER_STRATEGY_NAMES.get(s, s) for s in STRATEGIES)
+        if attr == "FUSED_WAYS":
+            return current().ONE_CALL_KERNELS
+        return KERNELS
+    raise AttributeError(f"module 'maskedrnn.backends' has no attribute {attr!r}")
 
 
 def name():
@@ -78,46 +107,47 @@ def current():
 
 
 class Declined(ValueError):
-    """A forced way (`force`) that the backend cannot run for this layer here."""
+    """A forced kernel (`force`) that the backend cannot run for this layer here."""
 
 
-class Why:
-    """Why a way does not run: a sentence built only when asked for.
+class Reason:
+    """Why a kernel does not run: a sentence built only when asked for.
 
     Args:
         text: A string, or a function of no arguments returning one.
-        hard: Bool: True when the way cannot run (forcing it raises
-            `Declined`), False when it can but another is preferred.
+        blocking: Bool: True when the kernel cannot run (forcing it
+            raises `Declined`), False when it can but another is preferred.
             Defaults to `True`.
     """
 
-    __slots__ = ("_text", "hard")
+    __slots__ = ("_text", "blocking")
 
-    def __init__(self, text, hard=True):
+    def __init__(self, text, blocking=True):
         self._text = text
-        self.hard = hard
+        self.blocking = blocking
 
     def __str__(self):
         return self._text() if callable(self._text) else self._text
 
 
-def soft(text):
-    """A `Why` that does not stop a forced way: the way runs, but another is
+def preference(text):
+    """A `Reason` that does not stop a forced kernel: the kernel runs, but another is
     preferred here."""
-    return Why(text, hard=False)
+    return Reason(text, blocking=False)
 
 
 @contextlib.contextmanager
-def force(way):
-    """Makes every plan made in the block run each direction `way`.
+def force(kernel=None, *, way=None):
+    """Makes every plan made in the block run each direction `kernel`.
 
-    For tests and comparisons: the parity tests run every way a backend
+    For tests and comparisons: the parity tests run every kernel a backend
     offers against Keras' masked layer. `None` restores the default choice.
-    A layer called in the block whose backend cannot run `way` for it (a
-    hard `Why`) raises `Declined` saying why.
+    A layer called in the block whose backend cannot run `kernel` for it (a
+    blocking `Reason`) raises `Declined` saying why.
 
     Args:
-        way: One of `WAYS`, or None.
+        kernel: One of `KERNELS`, or None.
+        way: Deprecated spelling of `kernel`.
 
     Example:
 
@@ -127,9 +157,12 @@ def force(way):
         y = layer(x, mask=mask)  # Keras' masked loop on every backend
     ```
     """
-    if way is not None and way not in WAYS:
-        raise ValueError(f"way must be one of {WAYS} or None; got {way!r}.")
-    token = _FORCED.set(way)
+    if way is not None:
+        _deprecated("force(way=...)", "force(kernel=...)")
+        kernel = way
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None; got {kernel!r}.")
+    token = _FORCED.set(kernel)
     try:
         yield
     finally:
@@ -138,7 +171,7 @@ def force(way):
 
 @contextlib.contextmanager
 def portable():
-    """Makes the plans made in the block use only ways that export anywhere.
+    """Makes the plans made in the block use only kernels that export anywhere.
 
     For exports read by converters that know only the ops of Keras' own
     layers: LiteRT's built-in ops and tf2onnx have no
@@ -147,7 +180,7 @@ def portable():
     `"tf-block-lstm"`. `maskedrnn.export.export_litert` traces the model in
     this block, and whatever Keras' exporter (`model.export`) traces runs
     as in it by itself. The other
-    backends have only portable ways: the block changes nothing there.
+    backends have only portable kernels: the block changes nothing there.
 
     Example:
 
@@ -169,7 +202,7 @@ def portable_only():
 
 
 def forced():
-    """The way `force` set for the current block, or None."""
+    """The kernel `force` set for the current block, or None."""
     return _FORCED.get()
 
 
@@ -190,7 +223,7 @@ def record():
     with maskedrnn.backends.record() as plans:
         model.predict(x)
     for p in plans:
-        print(p.route, p.info())  # which way ran each direction, and why
+        print(p.strategy, p.info())  # which kernel ran each direction, and why
     ```
     """
     plans = []
@@ -203,37 +236,45 @@ def record():
 
 class Direction:
     """How one direction of a call runs: `key` (`"forward"`, `"backward"` or
-    `"layer"`), the `inner` RNN, the chosen `way`, and the backend's
-    `options` it was chosen from (for `reason()`)."""
+    `"layer"`), the `inner` RNN, the chosen `kernel`, and the backend's
+    `options` it was chosen from (for `sentence()`)."""
 
-    __slots__ = ("key", "inner", "way", "options", "want_states", "forced")
+    __slots__ = ("key", "inner", "kernel", "options", "want_states", "forced")
 
-    def __init__(self, key, inner, way, options, want_states, forced):
+    def __init__(self, key, inner, kernel, options, want_states, forced):
         self.key = key
         self.inner = inner
-        self.way = way
+        self.kernel = kernel
         self.options = options
         self.want_states = want_states
         self.forced = forced
 
     @property
-    def torch(self):
-        """True when the way is one of PyTorch's caller's-order kernels
-        (`"torch-packed"`, `"torch-unpacked"`: the plan's `"torch"`
-        route)."""
-        return self.way in _CALLER_ORDER_WAYS
+    def caller_order(self):
+        """True when the kernel is one of PyTorch's caller's-order kernels
+        (`"torch-packed"`, `"torch-unpacked"`: the plan's
+        `"caller_order"` strategy)."""
+        return self.kernel in _CALLER_ORDER_KERNELS
 
     @property
-    def fused(self):
-        """True when the way is one of the backend's one-call ways
-        (`FUSED_WAYS`: the plan's `"fused"` route)."""
-        return self.way in current().FUSED_WAYS
+    def one_call(self):
+        """True when the kernel is one of the backend's one-call kernels
+        (`ONE_CALL_KERNELS`: the plan's `"one_call"` strategy)."""
+        return self.kernel in current().ONE_CALL_KERNELS
 
-    def reason(self):
+    @property
+    def way(self):
+        """Deprecated: `kernel`."""
+        _deprecated("Direction.way", "Direction.kernel")
+        return self.kernel
+
+    def sentence(self):
         """The sentence `kernel_info()` reports: what runs, and why."""
-        text = current().describe(self.way, self.inner, self.want_states, self.options)
+        text = current().describe(
+            self.kernel, self.inner, self.want_states, self.options
+        )
         if self.forced:
-            text = f"forced by maskedrnn.backends.force({self.way!r}): {text}"
+            text = f"forced by maskedrnn.backends.force({self.kernel!r}): {text}"
         return text
 
 
@@ -242,44 +283,56 @@ class Plan:
 
     Attributes:
         directions: Tuple of `Direction`, one per inner RNN.
-        route: `"torch"`, `"masked_loop"`, `"fused"` or `"valid_first"`
+        strategy: `"caller_order"`, `"masked_loop"`, `"one_call"` or `"valid_first"`
             (see the module docstring).
     """
 
-    __slots__ = ("directions", "route")
+    __slots__ = ("directions", "strategy")
 
-    def __init__(self, directions, route):
+    def __init__(self, directions, strategy):
         self.directions = directions
-        self.route = route
+        self.strategy = strategy
+
+    def kernel(self, index=0):
+        """The kernel of direction `index`."""
+        return self.directions[index].kernel
 
     def way(self, index=0):
-        """The way of direction `index`."""
-        return self.directions[index].way
+        """Deprecated: `kernel(index)`."""
+        _deprecated("Plan.way()", "Plan.kernel()")
+        return self.kernel(index)
+
+    @property
+    def route(self):
+        """Deprecated: `strategy`, under its former names (`"torch"` for
+        `"caller_order"`, `"fused"` for `"one_call"`)."""
+        _deprecated("Plan.route", "Plan.strategy")
+        return _FORMER_STRATEGY_NAMES.get(self.strategy, self.strategy)
 
     @property
     def unmasked(self):
         """True when no inner RNN is handed a mask (`uses_fast_path`)."""
-        return all(d.way != "keras-masked" for d in self.directions)
+        return all(d.kernel != "keras-masked" for d in self.directions)
 
     def info(self):
         """`{key: sentence}` for each direction (`kernel_info()`)."""
-        return {d.key: d.reason() for d in self.directions}
+        return {d.key: d.sentence() for d in self.directions}
 
 
-def _choose(options, way):
-    """The way to run from `options`: the first unhindered one, or `way`
-    (forced) unless a hard `Why` stops it."""
-    if way is None:
-        for option, why in options:
-            if why is None:
+def _choose(options, kernel):
+    """The kernel to run from `options`: the first unhindered one, or `kernel`
+    (forced) unless a blocking `Reason` stops it."""
+    if kernel is None:
+        for option, reason in options:
+            if reason is None:
                 return option
-        raise AssertionError("a backend offered no way to run")  # pragma: no cover
-    for option, why in options:
-        if option == way:
-            if why is not None and why.hard:
-                raise Declined(f"{way!r} cannot run here: {why}")
-            return way
-    raise Declined(f"the {name()} backend has no {way!r} way")
+        raise AssertionError("a backend offered no kernel to run")  # pragma: no cover
+    for option, reason in options:
+        if option == kernel:
+            if reason is not None and reason.blocking:
+                raise Declined(f"{kernel!r} cannot run here: {reason}")
+            return kernel
+    raise Declined(f"the {name()} backend has no {kernel!r} kernel")
 
 
 def plan(inners, where, want_states, masked=True, training=None):
@@ -291,44 +344,46 @@ def plan(inners, where, want_states, masked=True, training=None):
             for the default device.
         want_states: Bool, whether the caller returns the final states.
         masked: Bool, whether the call has a mask or lengths (else every
-            step is valid and the route is `"fused"` or `"valid_first"`).
+            step is valid and the strategy is `"one_call"` or `"valid_first"`).
             Defaults to `True`.
         training: The call's `training` (input dropout while training runs
-            PyTorch's kernels, and the one-call ways one direction per call,
+            PyTorch's kernels, and the one-call kernels one direction per call,
             on valid-first data, where it is applied).
 
     Returns:
         A `Plan`.
     """
     backend = current()
-    way = _FORCED.get()
+    kernel = _FORCED.get()
     directions = []
-    joint = backend.fused_why(list(inners.values())) if backend.FUSED_WAYS else None
+    joint = (
+        backend.one_call_reason(list(inners.values()))
+        if backend.ONE_CALL_KERNELS
+        else None
+    )
     for key, inner in inners.items():
         options = backend.options(inner, where, want_states)
         if joint is not None:
-            # The directions cannot share one call: its ways are declined.
+            # The directions cannot share one call: its kernels are declined.
             options = [
-                (option, joint if option in backend.FUSED_WAYS else why)
-                for option, why in options
+                (option, joint if option in backend.ONE_CALL_KERNELS else reason)
+                for option, reason in options
             ]
-        chosen = _choose(options, way)
+        chosen = _choose(options, kernel)
         directions.append(
-            Direction(key, inner, chosen, options, want_states, way is not None)
+            Direction(key, inner, chosen, options, want_states, kernel is not None)
         )
     directions = tuple(directions)
-    route = "valid_first"
-    dropout = training and any(
-        getattr(d.inner.cell, "dropout", 0) for d in directions
-    )
-    if all(d.fused for d in directions) and not dropout:
-        route = "fused"
+    strategy = "valid_first"
+    dropout = training and any(getattr(d.inner.cell, "dropout", 0) for d in directions)
+    if all(d.one_call for d in directions) and not dropout:
+        strategy = "one_call"
     elif masked:
-        if all(d.torch for d in directions) and not dropout:
-            route = "torch"
-        elif all(d.way == "keras-masked" for d in directions):
-            route = "masked_loop"
-    made = Plan(directions, route)
+        if all(d.caller_order for d in directions) and not dropout:
+            strategy = "caller_order"
+        elif all(d.kernel == "keras-masked" for d in directions):
+            strategy = "masked_loop"
+    made = Plan(directions, strategy)
     for plans in _RECORDS.get():
         plans.append(made)
     return made

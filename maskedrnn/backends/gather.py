@@ -1,5 +1,5 @@
 """`gather_time`, the per-row time gather of `maskedrnn.ops`, defined here,
-below the ops: the backends' one-call ways gather with it too.
+below the ops: the backends' one-call kernels gather with it too.
 """
 
 from keras import ops

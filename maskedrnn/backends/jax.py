@@ -10,16 +10,16 @@ import jax
 import keras
 from keras import ops
 
-from maskedrnn.backends import Why, jax_fused, jax_tiers, keras_ways, soft
+from maskedrnn.backends import Reason, jax_fused, jax_tiers, keras_kernels, preference
 
 NAME = "jax"
 FUSED = "jax-fused"
-TIERS = jax_tiers.WAY
-WAYS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
-FUSED_WAYS = (FUSED, TIERS)
+TIERS = jax_tiers.KERNEL
+KERNELS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
+ONE_CALL_KERNELS = (FUSED, TIERS)
 
-layout = run_direction = keras_ways.no_caller_order_kernel
-scalar = keras_ways.scalar
+layout = run_direction = keras_kernels.no_caller_order_kernel
+scalar = keras_kernels.scalar
 
 
 def is_concrete(x):
@@ -59,13 +59,13 @@ def has_fused_rnn_kernel():
     return bool(keras_backend_rnn(NAME)._is_gpu_available())
 
 
-_CPU_WHY = soft(
+_CPU_REASON = preference(
     "JAX has no fused RNN kernel without a GPU, so Keras' masked loop "
     "costs about what its unmasked loop does, and running it on the "
     "batch as it is saves the valid-first reordering"
 )
 
-_FLOAT64_SIMPLE_RNN = Why(
+_FLOAT64_SIMPLE_RNN = Reason(
     "float64 SimpleRNN on JAX: Keras' unmasked loop mixes a float32 "
     "step into the float64 carry and fails ('scan body function carry "
     "input and carry output must have equal types'); its masked loop "
@@ -73,42 +73,42 @@ _FLOAT64_SIMPLE_RNN = Why(
 )
 
 
-def cpu_why(inner):
-    """A soft `Why` for Keras' masked loop on a CPU, else None."""
+def cpu_reason(inner):
+    """A preference `Reason` for Keras' masked loop on a CPU, else None."""
     if has_fused_rnn_kernel():
         return None
     if getattr(inner, "use_cudnn", "auto") is True:
         return None
-    return _CPU_WHY
+    return _CPU_REASON
 
 
-_REFERENCE_WHY = soft(
-    "no CUDA GPU: the way would run jax.experimental.rnn.lstm_ref, the "
+_REFERENCE_REASON = preference(
+    "no CUDA GPU: the kernel would run jax.experimental.rnn.lstm_ref, the "
     "pure-JAX reference of cuDNN's call, which is slower than Keras' loop "
     "on a CPU"
 )
 
-_DIFFERENT_DIRECTIONS = Why(
+_DIFFERENT_DIRECTIONS = Reason(
     "the two directions differ in units or dtype, and one cuDNN call runs "
     "directions of one size"
 )
 
 
-def fused_option_why(inner):
-    """None when `"jax-fused"` runs `inner` and is preferred, else a `Why`."""
-    text = jax_fused.equations_why(inner)
+def one_call_option_reason(inner):
+    """None when `"jax-fused"` runs `inner` and is preferred, else a `Reason`."""
+    text = jax_fused.equations_reason(inner)
     if text is not None:
-        return Why(text)
+        return Reason(text)
     if not jax_fused.cudnn_present():
-        return _REFERENCE_WHY
+        return _REFERENCE_REASON
     return None
 
 
-def fused_why(inners):
-    """None when `inners` can share one call of a one-call way, else a `Why`."""
-    text = jax_tiers.same_shapes_why(inners)
+def one_call_reason(inners):
+    """None when `inners` can share one call of a one-call kernel, else a `Reason`."""
+    text = jax_tiers.same_shapes_reason(inners)
     if text is not None:
-        return Why(text)
+        return Reason(text)
     first = inners[0].cell
     for other in inners[1:]:
         cell = other.cell
@@ -117,32 +117,32 @@ def fused_why(inners):
     return None
 
 
-_USE_CUDNN_TRUE = soft(
+_USE_CUDNN_TRUE = preference(
     "the inner layer has use_cudnn=True, which asks for Keras' cuDNN kernel"
 )
 
 
-_KERAS_CUDNN_LSTM = soft(
+_KERAS_CUDNN_LSTM = preference(
     "Keras' LSTM may run cuDNN here (a GPU), which is faster than the tiers"
 )
 
 
-_SIMPLE_RNN_CPU = soft(
+_SIMPLE_RNN_CPU = preference(
     "a SimpleRNN's step is one small matmul: on a CPU the tiers' per-step "
     "bookkeeping and reordering cost what the skipped steps save, so "
     "Keras' masked loop runs it there"
 )
 
 
-def tiers_why(inner):
+def tiers_reason(inner):
     """None when `"jax-tiers"` runs `inner` exactly and is preferred.
 
-    Else a hard `Why` for other equations, or a soft one when cuDNN serves
+    Else a blocking `Reason` for other equations, or a preference when cuDNN serves
     the layer or it is a SimpleRNN on a CPU.
     """
-    text = jax_tiers.equations_why(inner)
+    text = jax_tiers.equations_reason(inner)
     if text is not None:
-        return Why(text)
+        return Reason(text)
     if getattr(inner, "use_cudnn", "auto") is True:
         return _USE_CUDNN_TRUE
     if type(inner) is keras.layers.SimpleRNN and not has_fused_rnn_kernel():
@@ -156,15 +156,15 @@ def tiers_why(inner):
     return None
 
 
-_SYMBOLIC_SHAPE = Why(
+_SYMBOLIC_SHAPE = Reason(
     "the batch or time size is symbolic (jax.export's shape polymorphism, "
     "as when Keras' exporter traces a dynamic batch): the tiers' row groups "
     "are static slices of the batch"
 )
 
 
-def static_shape_why(where):
-    """A hard `Why` when the inputs `where` have a symbolic batch or time."""
+def static_shape_reason(where):
+    """A blocking `Reason` when the inputs `where` have a symbolic batch or time."""
     shape = getattr(where, "shape", ())
     if len(shape) == 3 and not all(d is None or isinstance(d, int) for d in shape[:2]):
         return _SYMBOLIC_SHAPE
@@ -172,47 +172,47 @@ def static_shape_why(where):
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: cuDNN, tiers, Keras' unmasked, masked."""
-    tiers = tiers_why(inner)
-    if tiers is None or not tiers.hard:
-        tiers = static_shape_why(where) or tiers
-    fused = [(FUSED, fused_option_why(inner)), (TIERS, tiers)]
-    hard = None
+    """`[(kernel, reason)]`, best first: cuDNN, tiers, Keras' unmasked, masked."""
+    tiers = tiers_reason(inner)
+    if tiers is None or not tiers.blocking:
+        tiers = static_shape_reason(where) or tiers
+    fused = [(FUSED, one_call_option_reason(inner)), (TIERS, tiers)]
+    blocking = None
     if type(inner) is keras.layers.SimpleRNN and inner.cell.compute_dtype == "float64":
-        hard = _FLOAT64_SIMPLE_RNN
-    return fused + keras_ways.options(
+        blocking = _FLOAT64_SIMPLE_RNN
+    return fused + keras_kernels.options(
         inner,
-        unmasked_soft=(
-            keras_ways.states_why(inner, want_states, has_fused_rnn_kernel)
-            or cpu_why(inner)
+        unmasked_preference=(
+            keras_kernels.states_reason(inner, want_states, has_fused_rnn_kernel)
+            or cpu_reason(inner)
         ),
-        unmasked_hard=hard,
+        unmasked_blocking=blocking,
     )
 
 
-def describe(way, inner, want_states, options):
-    """The `kernel_info()` sentence for `way`."""
-    if way == FUSED:
+def describe(kernel, inner, want_states, options):
+    """The `kernel_info()` sentence for `kernel`."""
+    if kernel == FUSED:
         text = (
             "one jax.experimental.rnn.lstm call for every direction over "
             "valid-first data with per-row sequence lengths (cuDNN's LSTM; "
             "exact final [h, c] from the kernel)"
         )
-        why = dict(options).get(FUSED)
-        if why is not None:
-            text += f", here its pure-JAX reference lstm_ref ({why})"
+        reason = dict(options).get(FUSED)
+        if reason is not None:
+            text += f", here its pure-JAX reference lstm_ref ({reason})"
         return text
-    if way == TIERS:
+    if kernel == TIERS:
         return jax_tiers.describe(inner)
-    return keras_ways.describe(way, inner, options)
+    return keras_kernels.describe(kernel, inner, options)
 
 
-def run_fused(way, inners, x, steps, initial_states, training, want_states):
+def run_fused(kernel, inners, x, steps, initial_states, training, want_states):
     """Every direction of a call in one `"jax-fused"` or `"jax-tiers"` call."""
-    if way == TIERS:
+    if kernel == TIERS:
         return jax_tiers.run_fused(inners, x, steps, initial_states, want_states)
-    if way != FUSED:
-        raise NotImplementedError(f"{way!r} is not a one-call way of JAX")
+    if kernel != FUSED:
+        raise NotImplementedError(f"{kernel!r} is not a one-call kernel of JAX")
     weights = [jax_fused.cell_weights(inner) for inner in inners]
     initial = None
     if any(s is not None for s in initial_states):
@@ -227,14 +227,14 @@ def run_fused(way, inners, x, steps, initial_states, training, want_states):
     return y, [list(s) if want_states else [] for s in states]
 
 
-def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
-    if way == FUSED:
+def run(kernel, inner, x, initial_state, training, steps, want_states):
+    """Runs `kernel` over valid-first `x`; `(outputs, states or None)`."""
+    if kernel == FUSED:
         y, states = run_fused(
-            way, [inner], x, steps, [initial_state], training, want_states
+            kernel, [inner], x, steps, [initial_state], training, want_states
         )
         return y, states[0] if want_states else []
-    if way == TIERS:
+    if kernel == TIERS:
         y, states = jax_tiers.run(inner, x, steps.lengths, initial_state)
         return y, states if want_states else []
-    return keras_ways.run(way, inner, x, initial_state, training, steps)
+    return keras_kernels.run(kernel, inner, x, initial_state, training, steps)

@@ -221,7 +221,7 @@ def cudnn_present():
     return "rocm" not in str(getattr(device.client, "platform_version", "")).lower()
 
 
-def equations_why(inner):
+def equations_reason(inner):
     """None when this kernel computes `inner`'s equations, else why not."""
     kind = type(inner)
     if kind is keras.layers.GRU:
@@ -252,11 +252,11 @@ def equations_why(inner):
     return None
 
 
-def why_not(inner):
+def decline_reason(inner):
     """None when `lstm` runs cuDNN for `inner` here, else why not."""
-    why = equations_why(inner)
-    if why is not None:
-        return why
+    reason = equations_reason(inner)
+    if reason is not None:
+        return reason
     if not cudnn_present():
         return "no CUDA GPU: jax.experimental.rnn.lstm runs cuDNN only"
     return None
@@ -264,4 +264,4 @@ def why_not(inner):
 
 def available(inner):
     """True when `lstm` runs cuDNN for the Keras RNN `inner` here."""
-    return why_not(inner) is None
+    return decline_reason(inner) is None

@@ -1,6 +1,6 @@
 """The JAX backend's length tiers: only the valid steps of a masked batch run.
 
-The `"jax-tiers"` way for Keras' `LSTM`, `GRU` and `SimpleRNN`: rows
+The `"jax-tiers"` kernel for Keras' `LSTM`, `GRU` and `SimpleRNN`: rows
 sorted by length run in phases of static row groups that leave once their
 longest row ends, with a gradient of its own (`jax.custom_vjp`) walking
 the same phases back (docs/design.md, "Kernels, one per backend"). Steps
@@ -16,7 +16,7 @@ from jax import lax
 
 from maskedrnn.backends.gather import gather_time
 
-WAY = "jax-tiers"
+KERNEL = "jax-tiers"
 # Row groups per direction, chosen by the bench.
 TIERS = 4
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -26,7 +26,7 @@ _SIGMOID = (keras.activations.sigmoid, keras.ops.sigmoid, jax.nn.sigmoid)
 KINDS = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
 
 
-def equations_why(inner):
+def equations_reason(inner):
     """None when the tiers compute `inner` exactly, else why not."""
     kind = type(inner)
     if kind not in KINDS:
@@ -51,7 +51,7 @@ def equations_why(inner):
 
 
 def describe(inner):
-    """The `kernel_info()` sentence of the way."""
+    """The `kernel_info()` sentence of the kernel."""
     name = type(inner).__name__
     return (
         f"{name} in length tiers over valid-first data: rows sorted by "
@@ -142,7 +142,7 @@ def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
     return y, [list(s) if want_states else [] for s in states]
 
 
-def same_shapes_why(inners):
+def same_shapes_reason(inners):
     """None when the directions `inners` can run stacked, else why not."""
     first = inners[0]
     for other in inners[1:]:

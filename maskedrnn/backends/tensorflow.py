@@ -11,18 +11,18 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from maskedrnn.backends import keras_ways
+from maskedrnn.backends import keras_kernels
 from maskedrnn.backends import tensorflow_block_lstm as block_lstm
 from maskedrnn.backends import tensorflow_cells as cells
 
 NAME = "tensorflow"
-WAYS = (block_lstm.WAY, cells.WAY, "keras-unmasked", "keras-masked")
+KERNELS = (block_lstm.KERNEL, cells.KERNEL, "keras-unmasked", "keras-masked")
 
-layout = run_direction = keras_ways.no_caller_order_kernel
-scalar = keras_ways.scalar
-FUSED_WAYS = ()
-run_fused = keras_ways.no_fused_kernel
-fused_why = keras_ways.fused_why
+layout = run_direction = keras_kernels.no_caller_order_kernel
+scalar = keras_kernels.scalar
+ONE_CALL_KERNELS = ()
+run_fused = keras_kernels.no_fused_kernel
+one_call_reason = keras_kernels.one_call_reason
 
 
 def is_concrete(x):
@@ -58,36 +58,38 @@ def has_fused_rnn_kernel():
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: BlockLSTMV2 or tiers, then Keras' ways."""
+    """`[(kernel, reason)]`, best first: BlockLSTMV2 or tiers, then Keras' kernels."""
     return [
-        (block_lstm.WAY, block_lstm.why_not(inner, has_fused_rnn_kernel)),
-        (cells.WAY, cells.why_not(inner, has_fused_rnn_kernel)),
-    ] + keras_ways.options(
+        (block_lstm.KERNEL, block_lstm.decline_reason(inner, has_fused_rnn_kernel)),
+        (cells.KERNEL, cells.decline_reason(inner, has_fused_rnn_kernel)),
+    ] + keras_kernels.options(
         inner,
-        unmasked_soft=keras_ways.states_why(inner, want_states, has_fused_rnn_kernel),
+        unmasked_preference=keras_kernels.states_reason(
+            inner, want_states, has_fused_rnn_kernel
+        ),
     )
 
 
-def describe(way, inner, want_states, options):
-    """The `kernel_info()` sentence for `way`."""
-    if way == block_lstm.WAY:
+def describe(kernel, inner, want_states, options):
+    """The `kernel_info()` sentence for `kernel`."""
+    if kernel == block_lstm.KERNEL:
         return block_lstm.describe(inner)
-    if way == cells.WAY:
+    if kernel == cells.KERNEL:
         return cells.describe(inner)
-    text = keras_ways.describe(way, inner, options)
-    why = dict(options).get(block_lstm.WAY)
-    if isinstance(inner, keras.layers.LSTM) and why is not None:
-        text = f"{text} (tf.raw_ops.BlockLSTMV2 does not run: {why})"
-    why = dict(options).get(cells.WAY)
-    if isinstance(inner, (keras.layers.GRU, keras.layers.SimpleRNN)) and why:
-        text = f"{text} (the length tiers do not run: {why})"
+    text = keras_kernels.describe(kernel, inner, options)
+    reason = dict(options).get(block_lstm.KERNEL)
+    if isinstance(inner, keras.layers.LSTM) and reason is not None:
+        text = f"{text} (tf.raw_ops.BlockLSTMV2 does not run: {reason})"
+    reason = dict(options).get(cells.KERNEL)
+    if isinstance(inner, (keras.layers.GRU, keras.layers.SimpleRNN)) and reason:
+        text = f"{text} (the length tiers do not run: {reason})"
     return text
 
 
-def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
-    if way == block_lstm.WAY:
+def run(kernel, inner, x, initial_state, training, steps, want_states):
+    """Runs `kernel` over valid-first `x`; `(outputs, states or None)`."""
+    if kernel == block_lstm.KERNEL:
         return block_lstm.run(inner, x, initial_state, steps, want_states)
-    if way == cells.WAY:
+    if kernel == cells.KERNEL:
         return cells.run(inner, x, initial_state, steps, want_states)
-    return keras_ways.run(way, inner, x, initial_state, training, steps)
+    return keras_kernels.run(kernel, inner, x, initial_state, training, steps)

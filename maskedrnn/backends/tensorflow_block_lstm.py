@@ -1,9 +1,9 @@
 """TensorFlow's fused LSTM kernel, `BlockLSTMV2`, for one valid-first direction.
 
-The `"tf-block-lstm"` way: `tf.raw_ops.BlockLSTMV2` computes Keras' `LSTM`
+The `"tf-block-lstm"` kernel: `tf.raw_ops.BlockLSTMV2` computes Keras' `LSTM`
 in one kernel on a CPU and returns every step's `h` and `c`, so exact final
 states are one gather; rows run in length tiers, with a gradient of its
-own (docs/design.md, "Kernels, one per backend"). `why_not` declines what
+own (docs/design.md, "Kernels, one per backend"). `decline_reason` declines what
 it cannot run: other activations, float64, XLA, `portable()` and Keras'
 exporter.
 """
@@ -12,52 +12,52 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from maskedrnn.backends import Why, soft
+from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
 
-WAY = "tf-block-lstm"
+KERNEL = "tf-block-lstm"
 DTYPES = ("float32", "float16")
 # The fewest rows of a tier (one op each, costing rows times steps).
 TIER_ROWS = 8
 
-_NOT_LSTM = Why(
+_NOT_LSTM = Reason(
     lambda: "BlockLSTMV2 computes keras.layers.LSTM only (this layer is "
     "another RNN)"
 )
-_ACTIVATIONS = Why(
+_ACTIVATIONS = Reason(
     "BlockLSTMV2 computes tanh / sigmoid activations only (this LSTM has "
     "other ones)"
 )
 _WHYS = tiers.Whys(
-    recurrent_dropout=Why(
+    recurrent_dropout=Reason(
         "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
     ),
     dtype="the LSTM computes in {} and BlockLSTMV2 has float32 and float16 "
     "kernels only",
-    portable=Why(
+    portable=Reason(
         "inside maskedrnn.backends.portable(): an export for converters that "
         "lack BlockLSTMV2 (LiteRT built-in ops, tf2onnx)"
     ),
-    keras_export=Why(
+    keras_export=Reason(
         "traced by Keras' exporter (model.export, ExportArchive): an exported "
         "graph carries Keras' own LSTM, which every converter reads (tf2onnx "
         "and LiteRT's built-in ops have no BlockLSTMV2)"
     ),
-    xla=Why(
+    xla=Reason(
         "traced for XLA (jit_compile=True), and BlockLSTMV2 has no XLA kernel"
     ),
-    unroll=soft("the LSTM has unroll=True, which asks for Keras' unrolled loop"),
-    use_cudnn_false=soft(
+    unroll=preference("the LSTM has unroll=True, which asks for Keras' unrolled loop"),
+    use_cudnn_false=preference(
         "the inner layer has use_cudnn=False, which asks for Keras' loop"
     ),
-    fused_kernel=soft("Keras' LSTM may run cuDNN here (a GPU), which is faster"),
+    fused_kernel=preference("Keras' LSTM may run cuDNN here (a GPU), which is faster"),
 )
 
 
-def why_not(inner, has_fused_rnn_kernel):
+def decline_reason(inner, has_fused_rnn_kernel):
     """None when `BlockLSTMV2` computes `inner` exactly and is preferred.
 
-    Else a `Why`: hard when it cannot run, soft when Keras' layer is
+    Else a `Reason`: blocking when it cannot run, a preference when Keras' layer is
     preferred.
 
     Args:
@@ -72,11 +72,11 @@ def why_not(inner, has_fused_rnn_kernel):
         or cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _ACTIVATIONS
-    return tiers.why_not(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
+    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
 
 
 def describe(inner):
-    """The `kernel_info()` sentence of the way."""
+    """The `kernel_info()` sentence of the kernel."""
     return (
         "TensorFlow's fused LSTM kernel (tf.raw_ops.BlockLSTMV2) over "
         "valid-first data, unmasked, its rows sorted by length and leaving "
@@ -262,7 +262,7 @@ def run(inner, x, initial_state, steps, want_states):
     """Runs `BlockLSTMV2` over valid-first `x`, rows in length tiers.
 
     Args:
-        inner: A built `keras.layers.LSTM` that `why_not` accepts.
+        inner: A built `keras.layers.LSTM` that `decline_reason` accepts.
         x: Valid-first float tensor `(batch, time, features)`, zeros at
             padded steps, input dropout applied.
         initial_state: `[h0, c0]`, each `(batch, units)`.

@@ -1,10 +1,10 @@
-"""Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` way.
+"""Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` kernel.
 
 On a CPU, where Keras' layer steps every row to the end, rows run in the
 LSTM's length tiers (`tensorflow_tiers`); each tier projects its inputs in
 one matmul, then runs Keras' cell equations in a `tf.while_loop`, with a
 gradient of its own (docs/design.md, "Kernels, one per backend").
-`why_not` declines other equations, a GPU, XLA, `portable()` and Keras'
+`decline_reason` declines other equations, a GPU, XLA, `portable()` and Keras'
 exporter.
 """
 
@@ -12,58 +12,57 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from maskedrnn.backends import Why, soft
+from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
 
-WAY = "tf-tiers"
+KERNEL = "tf-tiers"
 DTYPES = ("float16", "float32", "float64")
 # The fewest rows of a tier: each is one more step loop to trace and run.
 TIER_ROWS = 32
 
-_NOT_CELL = Why(
+_NOT_CELL = Reason(
     "the tiers compute keras.layers.GRU and keras.layers.SimpleRNN only "
     "(this layer is another RNN; an LSTM runs 'tf-block-lstm')"
 )
-_GRU_ACTIVATIONS = Why(
+_GRU_ACTIVATIONS = Reason(
     "the tiers compute a GRU's tanh / sigmoid activations only (this GRU "
     "has other ones)"
 )
-_RNN_ACTIVATION = Why(
+_RNN_ACTIVATION = Reason(
     "the tiers compute a SimpleRNN's tanh activation only (this one has another)"
 )
 _WHYS = tiers.Whys(
-    recurrent_dropout=Why(
+    recurrent_dropout=Reason(
         "recurrent_dropout > 0 (the tiers have no recurrent dropout)"
     ),
-    dtype="the layer computes in {}; the tiers compute float16, float32 and "
-    "float64",
-    portable=Why(
+    dtype="the layer computes in {}; the tiers compute float16, float32 and float64",
+    portable=Reason(
         "inside maskedrnn.backends.portable(): an export keeps Keras' own layer "
         "for converters (LiteRT built-in ops, tf2onnx)"
     ),
-    keras_export=Why(
+    keras_export=Reason(
         "traced by Keras' exporter (model.export, ExportArchive): an exported "
         "graph carries Keras' own layer, which every converter reads"
     ),
-    xla=Why(
+    xla=Reason(
         "traced for XLA (jit_compile=True), which needs the tiers' sizes when "
         "tracing (they depend on the batch's lengths)"
     ),
-    unroll=soft("the layer has unroll=True, which asks for Keras' unrolled loop"),
-    use_cudnn_false=soft(
+    unroll=preference("the layer has unroll=True, which asks for Keras' unrolled loop"),
+    use_cudnn_false=preference(
         "the inner layer has use_cudnn=False, which asks for Keras' loop"
     ),
-    fused_kernel=soft(
+    fused_kernel=preference(
         "a GPU is visible, where Keras' layer runs (cuDNN for a GRU); the tiers "
         "are built for a CPU"
     ),
 )
 
 
-def why_not(inner, has_fused_rnn_kernel):
+def decline_reason(inner, has_fused_rnn_kernel):
     """None when the tiers compute `inner` exactly and are preferred.
 
-    Else a `Why`: hard when they cannot run, soft when Keras' layer is
+    Else a `Reason`: blocking when they cannot run, a preference when Keras' layer is
     preferred.
 
     Args:
@@ -81,11 +80,11 @@ def why_not(inner, has_fused_rnn_kernel):
         and cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _GRU_ACTIVATIONS
-    return tiers.why_not(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
+    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
 
 
 def describe(inner):
-    """The `kernel_info()` sentence of the way."""
+    """The `kernel_info()` sentence of the kernel."""
     name = type(inner).__name__
     return (
         f"Keras {name}'s equations in length tiers over valid-first data, "
@@ -237,9 +236,7 @@ def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
             d_rec = tf.concat([g, g, g], axis=1) * c_t
             return g * z_t + tf.matmul(d_rec, u_t), [g]
 
-        dh0, (g,) = _scan(
-            step_after, tf.zeros_like(h0), [dhs, z, c_rec], [units], True
-        )
+        dh0, (g,) = _scan(step_after, tf.zeros_like(h0), [dhs, z, c_rec], [units], True)
         g3 = tf.concat([g, g, g], axis=2)
         d_rec = g3 * c_rec
         d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
@@ -363,7 +360,7 @@ def run(inner, x, initial_state, steps, want_states):
     """Runs a GRU or SimpleRNN over valid-first `x` in length tiers.
 
     Args:
-        inner: A built `keras.layers.GRU` or `SimpleRNN` that `why_not`
+        inner: A built `keras.layers.GRU` or `SimpleRNN` that `decline_reason`
             accepts.
         x: Valid-first float tensor `(batch, time, features)`, zeros at
             padded steps, input dropout applied.

@@ -1,4 +1,4 @@
-"""Length tiers: the scheduler shared by TensorFlow's tiered RNN ways.
+"""Length tiers: the scheduler shared by TensorFlow's tiered RNN kernels.
 
 Rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
 group of rows leaves once its longest row has ended. The LSTM and the GRU
@@ -6,7 +6,7 @@ and SimpleRNN cells differ only in the `segment` that runs one tier.
 
 The tier count comes from what is known at trace time (`tier_count`): tiers
 of at least a cell's `rows_per_tier` rows, a batch of unknown size taken as
-`ASSUMED_BATCH` rows. Both ways decline the same cases (`why_not`).
+`ASSUMED_BATCH` rows. Both kernels decline the same cases (`decline_reason`).
 """
 
 import collections
@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
 from maskedrnn import backends
-from maskedrnn.backends import Why
+from maskedrnn.backends import Reason
 
 # Each tier is one more recurrence to trace; an unknown batch counts as
 # 16 rows (2 LSTM tiers, as fast as 4 at a batch of 32 and less to trace).
@@ -45,39 +45,39 @@ Whys = collections.namedtuple(
         "fused_kernel",
     ],
 )
-Whys.__doc__ = """A tiered way's reasons to decline, for `why_not`: `Why`s,
+Whys.__doc__ = """A tiered kernel's reasons to decline, for `decline_reason`: `Reason`s,
 but `dtype`, a sentence with a `{}` for the dtype."""
 
 
-def why_not(inner, has_fused_rnn_kernel, dtypes, whys):
-    """The checks of every tiered way once the layer's cell and activations
-    are its own: None when the way runs `inner` here and is preferred, else
-    the `Why` of `whys` (a `Whys`) of the first check that fails.
+def decline_reason(inner, has_fused_rnn_kernel, dtypes, reasons):
+    """The checks of every tiered kernel once the layer's cell and activations
+    are its own: None when the kernel runs `inner` here and is preferred, else
+    the `Reason` of `whys` (a `Whys`) of the first check that fails.
 
     Args:
         inner: The inner RNN.
         has_fused_rnn_kernel: The backend's function of that name (a GPU
             kernel, which Keras' layer runs instead).
-        dtypes: The compute dtypes the way computes.
-        whys: The way's `Whys`.
+        dtypes: The compute dtypes the kernel computes.
+        whys: The kernel's `Whys`.
     """
     if inner.cell.recurrent_dropout:
-        return whys.recurrent_dropout
+        return reasons.recurrent_dropout
     dtype = keras.backend.standardize_dtype(inner.cell.compute_dtype)
     if dtype not in dtypes:
-        return Why(lambda: whys.dtype.format(dtype))
+        return Reason(lambda: reasons.dtype.format(dtype))
     if backends.portable_only():
-        return whys.portable
+        return reasons.portable
     if traced_for_keras_export():
-        return whys.keras_export
+        return reasons.keras_export
     if in_xla_context():
-        return whys.xla
+        return reasons.xla
     if inner.unroll:
-        return whys.unroll
+        return reasons.unroll
     if getattr(inner, "use_cudnn", "auto") is False:
-        return whys.use_cudnn_false
+        return reasons.use_cudnn_false
     if has_fused_rnn_kernel():
-        return whys.fused_kernel
+        return reasons.fused_kernel
     return None
 
 

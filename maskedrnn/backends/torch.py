@@ -13,7 +13,7 @@ import keras
 import torch
 from keras import ops
 
-from maskedrnn.backends import Why, keras_ways, soft, torch_fused
+from maskedrnn.backends import Reason, keras_kernels, preference, torch_fused
 from maskedrnn.backends.torch_direction import Layout, _direction
 from maskedrnn.backends.torch_direction import run_direction as _run_direction
 from maskedrnn.backends.torch_kernels import (
@@ -27,14 +27,14 @@ from maskedrnn.backends.torch_kernels import (
 )
 
 NAME = "torch"
-WAYS = (
+KERNELS = (
     "torch-packed",
     "torch-unpacked",
     "torch-fused",
     "keras-unmasked",
     "keras-masked",
 )
-FUSED_WAYS = ("torch-fused",)
+ONE_CALL_KERNELS = ("torch-fused",)
 
 _SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
 _TANH = TANH
@@ -115,13 +115,13 @@ def _unavailable(inner, where):
             f"{kind.__name__} has no PyTorch kernel (LSTM, GRU and SimpleRNN do)"
         )
     # The layer's reasons first: a device reason would hide them.
-    why = _settings_unavailable(inner) or _equations_unavailable(inner)
-    if why is not None:
-        return why
+    reason = _settings_unavailable(inner) or _equations_unavailable(inner)
+    if reason is not None:
+        return reason
     device_type = _device_type(where)
     if device_type == "cuda":
         return lambda: (
-            "on CUDA, cuDNN runs through the one-call way ('torch-fused'); "
+            "on CUDA, cuDNN runs through the one-call kernel ('torch-fused'); "
             "PyTorch's caller's-order kernels are the CPU's (they read the "
             "lengths on the host)"
         )
@@ -174,7 +174,7 @@ def _equations_unavailable(inner):
 
 
 def fused_unavailable_reason(inner, where):
-    """Why `inner` cannot run the `"torch-fused"` way here, or None if it
+    """Why `inner` cannot run the `"torch-fused"` kernel here, or None if it
     can (on CUDA, and forced on a CPU).
 
     Args:
@@ -198,11 +198,11 @@ def _fused_unavailable(inner, where):
     device_type = _device_type(where)
     if device_type not in ("cpu", "cuda"):
         return lambda: f"inputs are on a {device_type!r} device, not CUDA or the CPU"
-    why = _settings_unavailable(inner)
-    if why is not None:
-        return why
+    reason = _settings_unavailable(inner)
+    if reason is not None:
+        return reason
     if inner.unroll:
-        # JAX's one-call way declines it too; Keras' own layer leaves
+        # JAX's one-call kernel declines it too; Keras' own layer leaves
         # cuDNN for its unrolled loop.
         return lambda: "unroll=True asks for Keras' unrolled loop"
     dtype = inner.cell.compute_dtype
@@ -211,7 +211,7 @@ def _fused_unavailable(inner, where):
     return _equations_unavailable(inner)
 
 
-def fused_why(inners):
+def one_call_reason(inners):
     """None when `inners` match enough to share one `"torch-fused"` call."""
     first = inners[0]
     for other in inners[1:]:
@@ -225,7 +225,7 @@ def fused_why(inners):
     return None
 
 
-_DIFFERENT_DIRECTIONS = Why(
+_DIFFERENT_DIRECTIONS = Reason(
     "the two directions differ in layer type, units, use_bias or dtype, "
     "and one kernel call runs directions of one kind"
 )
@@ -257,74 +257,74 @@ def packed_preferred(inner):
     return type(inner) is not LSTM
 
 
-_GRAD_RECORDED = Why(
+_GRAD_RECORDED = Reason(
     "gradients are recorded: the packed kernel serves inference (its "
     "backward pass is slower than the unpacked kernel's)"
 )
-_LSTM_UNPACKED = soft(
+_LSTM_UNPACKED = preference(
     "an unpacked LSTM runs PyTorch's fused oneDNN kernel, faster than the packed one"
 )
-_PACKED_FASTER = soft(
+_PACKED_FASTER = preference(
     "no gradient is recorded: the packed kernel skips the padded steps"
 )
-_FUSED_ON_CPU = soft(
+_FUSED_ON_CPU = preference(
     "on a CPU PyTorch's caller's-order kernels ('torch-unpacked', "
-    "'torch-packed') are the default plan; the one-call way is the CUDA one"
+    "'torch-packed') are the default plan; the one-call kernel is the CUDA one"
 )
 
 
 def options(inner, where, want_states):
-    """`[(way, why)]`, best first: `"torch-fused"` first on CUDA only."""
+    """`[(kernel, reason)]`, best first: `"torch-fused"` first on CUDA only."""
     fused = _fused_unavailable(inner, where)
     if fused is not None:
-        fused = [("torch-fused", Why(fused))]
+        fused = [("torch-fused", Reason(fused))]
     elif _device_type(where) == "cuda":
         return [("torch-fused", None)] + _caller_order_options(inner, where) + (
-            keras_ways.options(inner)
+            keras_kernels.options(inner)
         )
     else:
         fused = [("torch-fused", _FUSED_ON_CPU)]
-    return _caller_order_options(inner, where) + fused + keras_ways.options(inner)
+    return _caller_order_options(inner, where) + fused + keras_kernels.options(inner)
 
 
 def _caller_order_options(inner, where):
-    """`[(way, why)]` of `"torch-packed"` and `"torch-unpacked"`."""
+    """`[(kernel, reason)]` of `"torch-packed"` and `"torch-unpacked"`."""
     native = _unavailable(inner, where)
     if native is not None:
-        native = Why(native)
-        torch_ways = [("torch-packed", native), ("torch-unpacked", native)]
+        native = Reason(native)
+        torch_kernels = [("torch-packed", native), ("torch-unpacked", native)]
     elif torch.is_grad_enabled():
-        torch_ways = [("torch-unpacked", None), ("torch-packed", _GRAD_RECORDED)]
+        torch_kernels = [("torch-unpacked", None), ("torch-packed", _GRAD_RECORDED)]
     elif type(inner) is LSTM:
-        torch_ways = [("torch-unpacked", None), ("torch-packed", _LSTM_UNPACKED)]
+        torch_kernels = [("torch-unpacked", None), ("torch-packed", _LSTM_UNPACKED)]
     else:
-        torch_ways = [("torch-packed", None), ("torch-unpacked", _PACKED_FASTER)]
-    return torch_ways
+        torch_kernels = [("torch-packed", None), ("torch-unpacked", _PACKED_FASTER)]
+    return torch_kernels
 
 
-def describe(way, inner, want_states, options):
-    """The `kernel_info()` sentence for `way`."""
-    if way == "torch-fused":
+def describe(kernel, inner, want_states, options):
+    """The `kernel_info()` sentence for `kernel`."""
+    if kernel == "torch-fused":
         return _describe_fused(inner, options)
-    if not way.startswith("torch"):
-        text = keras_ways.describe(way, inner, options)
-        if way == "keras-unmasked":
+    if not kernel.startswith("torch"):
+        text = keras_kernels.describe(kernel, inner, options)
+        if kernel == "keras-unmasked":
             text += _not_native(options)
         return text
     name = type(inner).__name__
-    kernel = f"PyTorch's native {name} kernel"
+    what = f"PyTorch's native {name} kernel"
     function = autograd_function(inner)
-    if function is not None and way == "torch-unpacked":
-        kernel = (
+    if function is not None and kernel == "torch-unpacked":
+        what = (
             f"PyTorch's native {name} equations run by torch_kernels."
             f"{function.__name__} (torch ops with a cheaper backward pass "
             "than PyTorch's kernel's)"
         )
     text = (
-        f"{kernel} (torch backend on CPU, where Keras would step through "
+        f"{what} (torch backend on CPU, where Keras would step through "
         "time in Python), "
     )
-    if way == "torch-packed":
+    if kernel == "torch-packed":
         return text + (
             "on the packed valid steps (no gradient recorded): padded "
             "steps are skipped and the final states are exact"
@@ -343,20 +343,20 @@ def describe(way, inner, want_states, options):
 
 
 def _not_native(options):
-    """The hard reasons that stop PyTorch's kernels, or ""."""
+    """The blocking reasons that stop PyTorch's kernels, or ""."""
     found = dict(options)
     reasons = []
-    for way in ("torch-unpacked", "torch-fused"):
-        why = found.get(way)
-        if why is not None and why.hard and str(why) not in reasons:
-            reasons.append(str(why))
+    for kernel in ("torch-unpacked", "torch-fused"):
+        reason = found.get(kernel)
+        if reason is not None and reason.blocking and str(reason) not in reasons:
+            reasons.append(str(reason))
     if not reasons:
         return ""
     return ". Not PyTorch's kernels: " + "; ".join(reasons)
 
 
 def _describe_fused(inner, options):
-    """The `kernel_info()` sentence of the `"torch-fused"` way."""
+    """The `kernel_info()` sentence of the `"torch-fused"` kernel."""
     name = type(inner).__name__
     holds = (
         "forget gate 1 and input gate 0, so c is kept"
@@ -377,33 +377,33 @@ def _describe_fused(inner, options):
             "is not held over the padded tail it crosses first), that "
             "direction runs in a call of its own over its reversed rows"
         )
-    why = dict(options).get("torch-fused")
-    if why is not None:
-        text += f" (not the default here: {why})"
+    reason = dict(options).get("torch-fused")
+    if reason is not None:
+        text += f" (not the default here: {reason})"
     return text
 
 
-def run_fused(way, inners, x, steps, initial_states, training, want_states):
+def run_fused(kernel, inners, x, steps, initial_states, training, want_states):
     """Every direction of a call in one kernel call (`torch_fused.run`)."""
-    if way != "torch-fused":
-        raise NotImplementedError(f"{way!r} is not a one-call way of torch")
+    if kernel != "torch-fused":
+        raise NotImplementedError(f"{kernel!r} is not a one-call kernel of torch")
     return torch_fused.run(inners, x, steps, initial_states, want_states)
 
 
-def run(way, inner, x, initial_state, training, steps, want_states):
-    """Runs `way` over valid-first `x`; `(outputs, states or None)`."""
-    if way == "torch-fused":
-        # One direction alone: input dropout, or directions on other ways.
+def run(kernel, inner, x, initial_state, training, steps, want_states):
+    """Runs `kernel` over valid-first `x`; `(outputs, states or None)`."""
+    if kernel == "torch-fused":
+        # One direction alone: input dropout, or directions on other kernels.
         y, states = torch_fused.run([inner], x, steps, [initial_state], want_states)
         return y, states[0] if want_states else []
-    if not way.startswith("torch"):
-        return keras_ways.run(way, inner, x, initial_state, training, steps)
-    return run_native(way, inner, x, initial_state, steps, want_states)
+    if not kernel.startswith("torch"):
+        return keras_kernels.run(kernel, inner, x, initial_state, training, steps)
+    return run_native(kernel, inner, x, initial_state, steps, want_states)
 
 
-def run_native(way, inner, x, initial_state, steps, want_states):
-    """`run` for the torch ways: PyTorch's kernel over valid-first `x`."""
-    packed = way == "torch-packed"
+def run_native(kernel, inner, x, initial_state, steps, want_states):
+    """`run` for the torch kernels: PyTorch's kernel over valid-first `x`."""
+    packed = kernel == "torch-packed"
     if packed or want_states:
         layout = Layout(steps.valid, steps.lengths)
         return _direction(inner, x, initial_state, layout, False, "zeros", packed, True)
@@ -419,7 +419,7 @@ def layout(steps):
 
 
 def run_direction(
-    way,
+    kernel,
     inner,
     x,
     layout,
@@ -428,7 +428,7 @@ def run_direction(
     place="zeros",
     want_states=True,
 ):
-    """One direction on PyTorch's kernel `way`, in the caller's order."""
+    """One direction on PyTorch's kernel `kernel`, in the caller's order."""
     return _run_direction(
         inner,
         x,
@@ -436,6 +436,6 @@ def run_direction(
         layout,
         reverse,
         place,
-        way == "torch-packed",
+        kernel == "torch-packed",
         want_states,
     )

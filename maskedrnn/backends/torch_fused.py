@@ -1,4 +1,4 @@
-"""Every direction of a call in one PyTorch kernel call: the `"torch-fused"` way.
+"""Every direction of a call in one PyTorch kernel call: the `"torch-fused"` kernel.
 
 Both directions of a bidirectional LSTM or GRU go to one
 `torch._VF.lstm`/`gru` call with `bidirectional=True` (the cuDNN call of

@@ -43,10 +43,10 @@ Each row gets `kernels` (a summary line), `kernel_calls` (the records) and
 `--profile` also lists the RNN kernels the backend's profiler saw (CUDA
 kernel names on a GPU).
 
-`--way WAY [WAY ...]` also times ours under `maskedrnn.backends.force(WAY)`
-for each WAY (e.g. `torch-fused`, the one-call way, forceable on a CPU), as
-rows `maskedrnn:WAY` beside the default plan's; the JSON's `config.ways`
-lists them, and `declined` the ways the backend declines for the layer.
+`--kernel KERNEL [KERNEL ...]` also times ours under `maskedrnn.backends.force(KERNEL)`
+for each KERNEL (e.g. `torch-fused`, the one-call kernel, forceable on a CPU), as
+rows `maskedrnn:KERNEL` beside the default plan's; the JSON's `config.kernels`
+lists them, and `declined` the kernels the backend declines for the layer.
 
 `--layer rnn` times `MaskedRNN` the same way, against the Keras `LSTM`/`GRU`
 with and without the mask and PyTorch's unidirectional module; `--layers N`

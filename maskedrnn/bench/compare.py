@@ -9,7 +9,7 @@ two runs share (`maskedrnn.bench.report.ratios`), the ratio before and
 after with its 95% interval (`report.ratio_interval`, a paired bootstrap
 over the run's own repeats) and whether the intervals overlap. A shift
 whose intervals do not overlap is flagged "MOVED"; the exit status is 1
-if any moved the slow way (after above before).
+if any moved the slow kernel (after above before).
 """
 
 import argparse

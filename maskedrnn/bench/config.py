@@ -7,6 +7,7 @@ the synthetic data (per-row lengths, and where each row's valid steps sit:
 
 import argparse
 import math
+import sys
 
 import numpy as np
 
@@ -48,36 +49,36 @@ CEILINGS = ("keras_unmasked", "torch_unpacked")
 POST_ONLY = ("maskedrnn_lengths",)
 REFERENCE = "keras_masked"
 MODES = ("train", "infer")
-# `--way WAY`: ours again with WAY forced (`maskedrnn.backends.force`),
-# as rows named "maskedrnn:WAY" (and "maskedrnn_lengths:WAY").
-WAY_SEPARATOR = ":"
+# `--kernel KERNEL`: ours again with KERNEL forced (`maskedrnn.backends.force`),
+# as rows named "maskedrnn:KERNEL" (and "maskedrnn_lengths:KERNEL").
+KERNEL_SEPARATOR = ":"
 
 
 def split_impl(impl):
-    """`(implementation, forced way or None)` of a row's `impl` name:
+    """`(implementation, forced kernel or None)` of a row's `impl` name:
     `"maskedrnn:keras-masked"` is `("maskedrnn", "keras-masked")`."""
-    base, _, way = impl.partition(WAY_SEPARATOR)
-    return base, way or None
+    base, _, kernel = impl.partition(KERNEL_SEPARATOR)
+    return base, kernel or None
 
 
 def is_ours(impl):
-    """True for ours' rows, forced ways included."""
+    """True for ours' rows, forced kernels included."""
     return split_impl(impl)[0] in OURS
 
 
 def is_slow(impl):
     """True for the rows that run Keras' masked step loop (`keras_masked`,
     and ours forced to `"keras-masked"`): `--slow-repeats` caps them."""
-    base, way = split_impl(impl)
-    return base == REFERENCE or way == "keras-masked"
+    base, kernel = split_impl(impl)
+    return base == REFERENCE or kernel == "keras-masked"
 
 
 def label(impl, **names):
     """The table label of `impl` (`IMPLS`, formatted with `names`), with the
-    forced way said."""
-    base, way = split_impl(impl)
+    forced kernel said."""
+    base, kernel = split_impl(impl)
     text = IMPLS[base].format(**names)
-    return text if way is None else f"{text}, forced {way}"
+    return text if kernel is None else f"{text}, forced {kernel}"
 PADDINGS = ("post", "pre", "holes")
 
 PRESETS = {
@@ -216,6 +217,14 @@ def valid_first_permutation(mask):
     return order, inverse
 
 
+class _FormerKernelOption(argparse.Action):
+    """`--way`, the former name of `--kernel`: works, with a notice."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print("--way is deprecated; use --kernel.", file=sys.stderr)
+        setattr(namespace, "kernels", values)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m maskedrnn.bench",
@@ -284,15 +293,22 @@ def build_parser():
         "LSTM cell-state work",
     )
     parser.add_argument(
+        "--kernel",
+        nargs="+",
+        dest="kernels",
+        metavar="KERNEL",
+        choices=backends.KERNELS,
+        help="also time ours with each KERNEL forced (maskedrnn.backends.force), "
+        "as rows 'maskedrnn:KERNEL' (and 'maskedrnn_lengths:KERNEL'), checked "
+        "like the others; a kernel the backend declines for the layer in a "
+        f"mode is left out and listed under 'declined'. One of {backends.KERNELS}",
+    )
+    parser.add_argument(
         "--way",
         nargs="+",
-        dest="ways",
-        metavar="WAY",
-        choices=backends.WAYS,
-        help="also time ours with each WAY forced (maskedrnn.backends.force), "
-        "as rows 'maskedrnn:WAY' (and 'maskedrnn_lengths:WAY'), checked "
-        "like the others; a way the backend declines for the layer in a "
-        f"mode is left out and listed under 'declined'. One of {backends.WAYS}",
+        choices=backends.KERNELS,
+        action=_FormerKernelOption,
+        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--slow-repeats",

@@ -58,7 +58,7 @@ def runs():
     found[f"{big}-state"] = ("tensorflow", f"{BIG} --return-state")
     # On a JAX CPU a SimpleRNN runs Keras' masked loop: its tiers timed forced.
     for name in ("jax-rnn-simplernn", "jax-rnn-simplernn-state"):
-        found[name] = ("jax", found[name][1] + " --way jax-tiers")
+        found[name] = ("jax", found[name][1] + " --kernel jax-tiers")
     # JAX's length tiers: the larger size, and the bidirectional GRU with states.
     found["jax-lstm-b64-t200-u128"] = ("jax", BIG)
     found["jax-gru-state"] = ("jax", f"{SIZES} --cell gru --return-state")

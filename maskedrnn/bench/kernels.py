@@ -20,12 +20,12 @@ tells apart
   caller's order), labelled "torch native kernel"; a GRU or SimpleRNN with
   gradients recorded runs `torch_kernels.GRUFunction` / `SimpleRNNFunction` there
   (PyTorch's equations in torch ops), under the same label;
-- the one-call way (`maskedrnn.backends.torch_fused.run`: every direction
+- the one-call kernel (`maskedrnn.backends.torch_fused.run`: every direction
   in one `torch._VF` call), labelled "torch one-call kernel (torch._VF)",
   a cuDNN call when its input is on CUDA.
 - on the TensorFlow backend, TensorFlow's fused LSTM kernel run by
   `maskedrnn.backends.tensorflow_block_lstm.run` (the `"tf-block-lstm"`
-  way), labelled "tf BlockLSTMV2 kernel".
+  kernel), labelled "tf BlockLSTMV2 kernel".
 
 Each call becomes a record `{"function", "outcome", "mask", "cudnn"}`;
 `cudnn_verdict` reduces them to `"computed"`, `"failed, fell back"` or
@@ -105,7 +105,7 @@ def _targets():
             targets.append((torch_backend, name, "torch native kernel", False, False))
         from maskedrnn.backends import torch_fused
 
-        # The one-call way: torch._VF.lstm/gru, cuDNN on CUDA tensors.
+        # The one-call kernel: torch._VF.lstm/gru, cuDNN on CUDA tensors.
         label = "torch one-call kernel (torch._VF)"
         targets.append((torch_fused, "run", label, _on_cudnn, False))
     if backend == "tensorflow":

@@ -19,7 +19,7 @@ from maskedrnn.bench.config import (
 
 def ratios(rows, modes, key="median_ms"):
     """`{mode: {"ours/baseline": median ratio}}` for every pair timed (ours'
-    forced ways, `--way`, included: `"maskedrnn:WAY/baseline"`); `key`
+    forced kernels, `--kernel`, included: `"maskedrnn:KERNEL/baseline"`); `key`
     `"first_call_ms"`: the ratios of the first calls' medians."""
     median = {(r["impl"], r["mode"]): r[key] for r in rows if key in r}
     forced = [r["impl"] for r in rows if is_ours(r["impl"]) and r["impl"] not in OURS]

@@ -152,8 +152,8 @@ def _checked_run(args, backend, module, gpu):
             f"{args.first_call_repeats}."
         )
     ours = [n for n in impls if n in config.OURS]
-    for way in getattr(args, "ways", None) or ():
-        impls += [f"{n}{config.WAY_SEPARATOR}{way}" for n in ours]
+    for kernel in getattr(args, "kernels", None) or ():
+        impls += [f"{n}{config.KERNEL_SEPARATOR}{kernel}" for n in ours]
     modes = list(config.MODES) if args.mode == "both" else [args.mode]
     if args.plot:
         report.import_pyplot()  # fail before the long part, not after
@@ -192,12 +192,12 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
         def make_step(name, mode, fresh=False):
             """The step of `name` in `mode`; `fresh`: on new layers (and,
             on torch, a new PyTorch module) with the same weights."""
-            base, way = config.split_impl(name)
-            if way is not None:
+            base, kernel = config.split_impl(name)
+            if kernel is not None:
                 step = make_step(base, mode, fresh)
 
                 def forced_step():
-                    with backends.force(way):
+                    with backends.force(kernel):
                         return step()
 
                 return forced_step
@@ -269,7 +269,7 @@ def _run(args, backend, module, gpu, settings, lengths, padding, impls, modes):
             "order_seed": getattr(args, "order_seed", 0),
             "return_state": args.return_state,
             "profile": bool(getattr(args, "profile", False)),
-            "ways": list(getattr(args, "ways", None) or ()),
+            "kernels": list(getattr(args, "kernels", None) or ()),
             "slow_repeats": getattr(args, "slow_repeats", None),
             "first_call_repeats": getattr(args, "first_call_repeats", 0) or 0,
             "first_call_fresh": harness.fresh_description(),
@@ -360,7 +360,7 @@ def case_orders(cases, repeats, seed=0):
 
 def _time_all(harness, impls, modes, make_step, settings, args, declined):
     """Checks, warms up, times (and profiles) every case; returns the rows.
-    A forced way the backend declines in a mode is appended to `declined`
+    A forced kernel the backend declines in a mode is appended to `declined`
     (`{"impl", "mode", "reason"}`) and not timed."""
     repeats, warmup = settings["repeats"], settings["warmup"]
     slow_repeats = getattr(args, "slow_repeats", None)

@@ -68,16 +68,16 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
     return y, list(states)
 
 
-def run(way, inner, x, steps, initial_state=None, training=None, want_states=True):
-    """Runs `inner` over valid-first `x` with the kernel `way`; returns
+def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=True):
+    """Runs `inner` over valid-first `x` with the kernel `kernel`; returns
     `(outputs, states)`: outputs exact at each row's valid steps (the padded
     tail is never read), the states after each row's last valid step (`[]`
     unless `want_states`)."""
     cell = inner.cell
-    if way != "torch-packed":
+    if kernel != "torch-packed":
         # Every kernel but the packed one reads the padded steps.
         x = zero_padding(x, steps)
-    if way != "keras-masked" and training and cell.dropout:
+    if kernel != "keras-masked" and training and cell.dropout:
         # One dropout mask for all steps, as Keras' cells use, applied here
         # so that the state recomputation sees the same dropped x.
         dp_mask = cell.get_dropout_mask(x[:, 0, :])
@@ -91,7 +91,7 @@ def run(way, inner, x, steps, initial_state=None, training=None, want_states=Tru
             for size in state_sizes(inner)
         ]
     y, states = backends.current().run(
-        way, inner, x, initial_state, training, steps, want_states
+        kernel, inner, x, initial_state, training, steps, want_states
     )
     if not want_states:
         return y, []
@@ -233,24 +233,24 @@ def run_plan(
         raise ValueError(f"place must be one of {PLACES}; got {place!r}.")
     directions = plan.directions
     backward = [d.key == "backward" for d in directions]
-    route = plan.route
-    if route == "torch":
+    strategy = plan.strategy
+    if strategy == "caller_order":
         backend = backends.current()
         layout = backend.layout(steps)
         results = [
             backend.run_direction(
-                d.way, d.inner, x, layout, state, back, place, want_states
+                d.kernel, d.inner, x, layout, state, back, place, want_states
             )
             for d, state, back in zip(directions, initial_states, backward)
         ]
-    elif route == "masked_loop":
+    elif strategy == "masked_loop":
         results = [
             _masked_loop(d.inner, x, steps.mask, state, training, back, place)
             for d, state, back in zip(directions, initial_states, backward)
         ]
-    elif route == "fused":
+    elif strategy == "one_call":
         y, states = backends.current().run_fused(
-            plan.way(0),
+            plan.kernel(0),
             [d.inner for d in directions],
             valid_first_zeroed(x, steps),
             steps,
@@ -271,7 +271,7 @@ def run_plan(
         results = []
         for d, state, back in zip(directions, initial_states, backward):
             xd = mops.gather_time(x, steps.reverse) if back else x
-            y, st = run(d.way, d.inner, xd, steps, state, training, want_states)
+            y, st = run(d.kernel, d.inner, xd, steps, state, training, want_states)
             if back and place == "last":
                 # After reading every valid step: its own last output.
                 y = last_output(y, steps)

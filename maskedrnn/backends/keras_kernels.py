@@ -1,4 +1,4 @@
-"""The two ways every backend has: Keras' inner layer unmasked, and masked.
+"""The two kernels every backend has: Keras' inner layer unmasked, and masked.
 
 - `"keras-unmasked"`: the inner layer with no mask on valid-first data, so
   that its backend may pick a fused kernel; the caller reads the final
@@ -10,21 +10,21 @@
 import keras
 
 from maskedrnn._keras_private import get_keras_mask
-from maskedrnn.backends import Why, soft
+from maskedrnn.backends import Reason, preference
 
 # Layers whose output is their h, so their final states can be read off it.
 UNMASKED_TYPES = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
 
-_NOT_FUSED = Why(
+_NOT_FUSED = Reason(
     lambda: "recurrent_dropout > 0 (no fused kernel has it)",
 )
 
 
-def unmasked_why(inner):
-    """None when `inner` can run unmasked, else a hard `Why`."""
+def unmasked_reason(inner):
+    """None when `inner` can run unmasked, else a blocking `Reason`."""
     if type(inner) not in UNMASKED_TYPES:
         name = type(inner).__name__
-        return Why(
+        return Reason(
             lambda: f"{name} is not LSTM, GRU or SimpleRNN (no fused kernel to keep)"
         )
     if inner.cell.recurrent_dropout:
@@ -32,7 +32,7 @@ def unmasked_why(inner):
     return None
 
 
-_STATES_WHY = soft(
+_STATES_REASON = preference(
     "its final [h, c] are wanted and Keras has no fused LSTM kernel here "
     "(no GPU, or use_cudnn=False), so its masked loop costs what its "
     "unmasked loop does and carries the exact states to each row's last "
@@ -40,8 +40,8 @@ _STATES_WHY = soft(
 )
 
 
-def states_why(inner, want_states, has_fused_rnn_kernel):
-    """A soft `Why` for Keras' masked loop: an LSTM's states, no fused kernel.
+def states_reason(inner, want_states, has_fused_rnn_kernel):
+    """A preference `Reason` for Keras' masked loop: an LSTM's states, no fused kernel.
 
     Without one, both of Keras' loops cost about the same, and the masked
     one carries the exact `[h, c]` with no recomputation of `c`.
@@ -55,24 +55,24 @@ def states_why(inner, want_states, has_fused_rnn_kernel):
         return None
     if inner.use_cudnn is not False and has_fused_rnn_kernel():
         return None
-    return _STATES_WHY
+    return _STATES_REASON
 
 
-def options(inner, unmasked_soft=None, unmasked_hard=None):
+def options(inner, unmasked_preference=None, unmasked_blocking=None):
     """`[("keras-unmasked", why), ("keras-masked", None)]` for `inner`."""
-    why = unmasked_why(inner) or unmasked_hard or unmasked_soft
-    return [("keras-unmasked", why), ("keras-masked", None)]
+    reason = unmasked_reason(inner) or unmasked_blocking or unmasked_preference
+    return [("keras-unmasked", reason), ("keras-masked", None)]
 
 
-def describe(way, inner, options):
-    """The `kernel_info()` sentence for a Keras way, chosen from `options`."""
+def describe(kernel, inner, options):
+    """The `kernel_info()` sentence for a Keras kernel, chosen from `options`."""
     name = type(inner).__name__
-    if way == "keras-masked":
-        why = dict(options).get("keras-unmasked")
+    if kernel == "keras-masked":
+        reason = dict(options).get("keras-unmasked")
         return (
             f"Keras {name} in Keras' masked step loop, given the batch's mask "
             "as it is (mask=, no reordering) or the right-padded mask of "
-            f"lengths=: {why if why is not None else 'asked for'}"
+            f"lengths=: {reason if reason is not None else 'asked for'}"
         )
     if getattr(inner, "use_cudnn", "auto") is False:
         return (
@@ -113,13 +113,13 @@ def run_masked(inner, x, initial_state, training, steps):
     return y, list(states)
 
 
-def run(way, inner, x, initial_state, training, steps):
-    """Runs a Keras way on valid-first `x`; `(outputs, states or None)`."""
-    if way == "keras-unmasked":
+def run(kernel, inner, x, initial_state, training, steps):
+    """Runs a Keras kernel on valid-first `x`; `(outputs, states or None)`."""
+    if kernel == "keras-unmasked":
         return run_unmasked(inner, x, initial_state, training)
-    if way == "keras-masked":
+    if kernel == "keras-masked":
         return run_masked(inner, x, initial_state, training, steps)
-    raise NotImplementedError(f"{way!r} is not a Keras way")
+    raise NotImplementedError(f"{kernel!r} is not a Keras kernel")
 
 
 def scalar(value, dtype):
@@ -131,18 +131,18 @@ def no_caller_order_kernel(*args, **kwargs):
     """`layout`/`run_direction` of a backend without caller's-order kernels."""
     raise NotImplementedError(
         f"the {keras.backend.backend()} backend has no caller's-order kernel "
-        "(only torch's ways run both directions from the caller's order)"
+        "(only torch's kernels run both directions from the caller's order)"
     )
 
 
 def no_fused_kernel(*args, **kwargs):
-    """`run_fused` of a backend without one-call ways."""
+    """`run_fused` of a backend without one-call kernels."""
     raise NotImplementedError(
-        f"the {keras.backend.backend()} backend has no one-call way (no "
+        f"the {keras.backend.backend()} backend has no one-call kernel (no "
         "kernel here runs every direction of a call at once)"
     )
 
 
-def fused_why(inners):
-    """`fused_why` of a backend without one-call ways: None."""
+def one_call_reason(inners):
+    """`one_call_reason` of a backend without one-call kernels: None."""
     return None
