@@ -300,13 +300,13 @@ def check_declined_contexts(ours, ref, kernel, x, mask):
 def spy_fused_kernels(monkeypatch):
     """Records the list of inner layers of every one-call kernel call
     (torch: `maskedrnn.backends.torch_fused.run`, every direction of a call
-    in one `torch._VF` call; JAX: `maskedrnn.backends.jax.run_fused`, one
+    in one `torch._VF` call; JAX: `maskedrnn.backends.jax.run_one_call`, one
     `jax_fused.lstm` call); returns the list of those lists (torch and JAX
     only)."""
     if BACKEND == "jax":
         from maskedrnn.backends import jax as jax_backend
 
-        return record_calls(monkeypatch, jax_backend, "run_fused", position=1)
+        return record_calls(monkeypatch, jax_backend, "run_one_call", position=1)
     from maskedrnn.backends import torch_fused
 
     return record_calls(monkeypatch, torch_fused, "run")

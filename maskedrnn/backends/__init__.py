@@ -13,7 +13,7 @@ backend's module (`current()`) instead of testing the backend's name:
   direction on valid-first data;
 - `layout(steps)`, `run_direction(...)`: PyTorch's kernels straight from
   the caller's order (torch only);
-- `ONE_CALL_KERNELS`, `run_fused(kernel, inners, x, steps, initial_states, training,
+- `ONE_CALL_KERNELS`, `run_one_call(kernel, inners, x, steps, initial_states, training,
   want_states)`, `one_call_reason(inners)`: every direction of a call in one
   kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,

@@ -120,7 +120,7 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
     return y, states
 
 
-def run_fused(inners, x, steps, initial_states, want_states, tiers=TIERS):
+def run_one_call(inners, x, steps, initial_states, want_states, tiers=TIERS):
     """Every direction of a call in one tiered recurrence, weights stacked."""
     xs = [x]
     if len(inners) == 2:

@@ -135,8 +135,8 @@ def no_caller_order_kernel(*args, **kwargs):
     )
 
 
-def no_fused_kernel(*args, **kwargs):
-    """`run_fused` of a backend without one-call kernels."""
+def no_one_call_kernel(*args, **kwargs):
+    """`run_one_call` of a backend without one-call kernels."""
     raise NotImplementedError(
         f"the {keras.backend.backend()} backend has no one-call kernel (no "
         "kernel here runs every direction of a call at once)"

@@ -249,7 +249,7 @@ def run_plan(
             for d, state, back in zip(directions, initial_states, backward)
         ]
     elif strategy == "one_call":
-        y, states = backends.current().run_fused(
+        y, states = backends.current().run_one_call(
             plan.kernel(0),
             [d.inner for d in directions],
             valid_first_zeroed(x, steps),
