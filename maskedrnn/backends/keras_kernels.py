@@ -59,7 +59,7 @@ def states_reason(inner, want_states, has_fused_rnn_kernel):
 
 
 def options(inner, unmasked_preference=None, unmasked_blocking=None):
-    """`[("keras-unmasked", why), ("keras-masked", None)]` for `inner`."""
+    """`[("keras-unmasked", reason), ("keras-masked", None)]` for `inner`."""
     reason = unmasked_reason(inner) or unmasked_blocking or unmasked_preference
     return [("keras-unmasked", reason), ("keras-masked", None)]
 

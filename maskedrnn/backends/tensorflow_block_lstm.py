@@ -28,7 +28,7 @@ _ACTIVATIONS = Reason(
     "BlockLSTMV2 computes tanh / sigmoid activations only (this LSTM has "
     "other ones)"
 )
-_WHYS = tiers.Whys(
+_DECLINE_REASONS = tiers.DeclineReasons(
     recurrent_dropout=Reason(
         "recurrent_dropout > 0 (BlockLSTMV2 has no recurrent dropout)"
     ),
@@ -72,7 +72,7 @@ def decline_reason(inner, has_fused_rnn_kernel):
         or cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _ACTIVATIONS
-    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
+    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _DECLINE_REASONS)
 
 
 def describe(inner):

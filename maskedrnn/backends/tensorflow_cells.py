@@ -31,7 +31,7 @@ _GRU_ACTIVATIONS = Reason(
 _RNN_ACTIVATION = Reason(
     "the tiers compute a SimpleRNN's tanh activation only (this one has another)"
 )
-_WHYS = tiers.Whys(
+_DECLINE_REASONS = tiers.DeclineReasons(
     recurrent_dropout=Reason(
         "recurrent_dropout > 0 (the tiers have no recurrent dropout)"
     ),
@@ -80,7 +80,7 @@ def decline_reason(inner, has_fused_rnn_kernel):
         and cell.recurrent_activation is not keras.activations.sigmoid
     ):
         return _GRU_ACTIVATIONS
-    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _WHYS)
+    return tiers.decline_reason(inner, has_fused_rnn_kernel, DTYPES, _DECLINE_REASONS)
 
 
 def describe(inner):

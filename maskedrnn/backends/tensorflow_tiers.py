@@ -32,8 +32,8 @@ def tier_count(batch, rows_per_tier):
     return max(1, min(MAX_TIERS, batch // rows_per_tier))
 
 
-Whys = collections.namedtuple(
-    "Whys",
+DeclineReasons = collections.namedtuple(
+    "DeclineReasons",
     [
         "recurrent_dropout",
         "dtype",
@@ -45,21 +45,22 @@ Whys = collections.namedtuple(
         "fused_kernel",
     ],
 )
-Whys.__doc__ = """A tiered kernel's reasons to decline, for `decline_reason`: `Reason`s,
-but `dtype`, a sentence with a `{}` for the dtype."""
+DeclineReasons.__doc__ = """A tiered kernel's reasons to decline, for
+`decline_reason`: `Reason`s, but `dtype`, a sentence with a `{}` for the
+dtype."""
 
 
 def decline_reason(inner, has_fused_rnn_kernel, dtypes, reasons):
     """The checks of every tiered kernel once the layer's cell and activations
     are its own: None when the kernel runs `inner` here and is preferred, else
-    the `Reason` of `whys` (a `Whys`) of the first check that fails.
+    the `Reason` in `reasons` of the first check that fails.
 
     Args:
         inner: The inner RNN.
         has_fused_rnn_kernel: The backend's function of that name (a GPU
             kernel, which Keras' layer runs instead).
         dtypes: The compute dtypes the kernel computes.
-        whys: The kernel's `Whys`.
+        reasons: The kernel's `DeclineReasons`.
     """
     if inner.cell.recurrent_dropout:
         return reasons.recurrent_dropout
