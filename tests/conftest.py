@@ -87,10 +87,10 @@ KERNELS_HERE = [
 
 def repeats_the_default(plans):
     """Whether forced `plans` are exactly what the default plan makes:
-    every direction took the kernel the backend would have chosen unforced
-    (its first unhindered option; the strategy follows from the kernels)."""
+    every direction took the kernel the backend's own choice gives unforced
+    (the strategy follows from the kernels)."""
     return all(
-        d.kernel == next(option for option, reason in d.options if reason is None)
+        d.kernel == backends._choose(d.options, None)
         for p in plans
         for d in p.directions
     )
