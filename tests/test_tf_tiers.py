@@ -358,9 +358,9 @@ def tier_sizes(monkeypatch):
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
-@pytest.mark.parametrize("batch, tiers", [(24, 1), (64, 2), (111, 3), (300, 8)])
+@pytest.mark.parametrize("batch, tiers", [(24, 1), (64, 2), (111, 3), (300, 4)])
 def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
-    """Rows sorted by length run in tiers of at least 32 rows (at most 8);
+    """Rows sorted by length run in tiers of at least 32 rows (at most 4);
     each tier stops where the longest row outside it ends. Outputs, final
     states and every gradient equal Keras' masked layer's."""
     time = 9

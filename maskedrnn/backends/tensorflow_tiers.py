@@ -19,10 +19,11 @@ from tensorflow.python.ops import control_flow_util
 from maskedrnn import backends
 from maskedrnn.backends import Reason
 
-# Each tier is one more recurrence to trace; an unknown batch counts as
-# 16 rows (2 LSTM tiers, as fast as 4 at a batch of 32 and less to trace).
-MAX_TIERS = 8
-ASSUMED_BATCH = 16
+# Each tier is one more recurrence to trace and optimise, paid again on
+# every first call: at most 4 tiers. An unknown batch counts as 32 rows
+# (2 LSTM tiers, 1 GRU or SimpleRNN tier).
+MAX_TIERS = 4
+ASSUMED_BATCH = 32
 
 
 def tier_count(batch, rows_per_tier):
