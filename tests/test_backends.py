@@ -56,7 +56,7 @@ from maskedrnn._keras_private import keras_gru_module as gru_module
 from maskedrnn._keras_private import keras_lstm_module as lstm_module
 from maskedrnn._keras_private import keras_rnn_module as rnn_module
 from maskedrnn._keras_private import keras_src_backend as keras_backend
-from tests.helpers import to_np
+from tests.helpers import gpu_here, to_np
 
 BACKEND = keras.backend.backend()
 B, T, D, U, VOCAB = 3, 5, 2, 3, 7
@@ -69,22 +69,6 @@ TOKENS = np.array(
 LENGTHS = np.array([5, 3, 1], dtype="int32")
 
 
-def _gpu_here():
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
-
-        return bool(tf.config.list_physical_devices("GPU"))
-    if BACKEND == "jax":
-        import jax
-
-        return jax.default_backend() == "gpu"
-    if BACKEND == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
-
-
 def fused_without_mask(cell):
     """Whether `backend.<cell>` computes itself when given mask=None here (else
     it raises NotImplementedError and the layer falls back to `backend.rnn`):
@@ -93,28 +77,31 @@ def fused_without_mask(cell):
     otherwise only on GPU (cuDNN)."""
     if BACKEND == "torch" or (BACKEND == "jax" and cell == "gru"):
         return True
-    return _gpu_here()
+    return gpu_here()
 
 
 def native_kernels_here():
     """Whether ours runs PyTorch's own kernels here by default (torch, CPU)."""
-    return BACKEND == "torch" and not _gpu_here()
+    return BACKEND == "torch" and not gpu_here()
 
 
 def default_kernels(cell=None):
     """What ours runs here by default for `cell` ("lstm" or "gru"):
-    "native" (PyTorch's kernels, torch on CPU), "jax_tiers" (JAX's length
-    tiers, a JAX CPU), "block_lstm" (TensorFlow's `BlockLSTMV2`, an LSTM on
-    a TensorFlow CPU), "tiers" (the length tiers of
-    `maskedrnn.backends.tensorflow_cells`, a GRU on a TensorFlow CPU) or
+    "native" (PyTorch's kernels, torch on CPU), "one_call" (both directions
+    in one cuDNN call: torch on CUDA, a JAX LSTM on a GPU), "jax_tiers"
+    (JAX's length tiers, a JAX CPU), "block_lstm" (TensorFlow's
+    `BlockLSTMV2`, an LSTM on a TensorFlow CPU), "tiers" (the length tiers
+    of `maskedrnn.backends.tensorflow_cells`, a GRU on a TensorFlow CPU) or
     "keras_layers" (Keras' unmasked inner layers)."""
     if native_kernels_here():
         return "native"
-    if BACKEND == "tensorflow" and cell == "lstm" and not _gpu_here():
+    if BACKEND == "torch" or (BACKEND == "jax" and cell == "lstm" and gpu_here()):
+        return "one_call"
+    if BACKEND == "tensorflow" and cell == "lstm" and not gpu_here():
         return "block_lstm"
-    if BACKEND == "tensorflow" and cell == "gru" and not _gpu_here():
+    if BACKEND == "tensorflow" and cell == "gru" and not gpu_here():
         return "tiers"
-    if BACKEND == "jax" and not _gpu_here():
+    if BACKEND == "jax" and not gpu_here():
         return "jax_tiers"
     return "keras_layers"
 
@@ -202,6 +189,9 @@ def spies(monkeypatch):
         from maskedrnn.backends import jax_tiers
 
         spies["jax_tiers"] = Spy(monkeypatch, "run_directions", jax_tiers)
+    if BACKEND in ("torch", "jax"):
+        # Looked up as `backends.current().run_one_call` at call time.
+        spies["one_call"] = Spy(monkeypatch, "run_one_call", backends.current())
     return spies
 
 
@@ -260,6 +250,20 @@ def assert_fast_path_taken(spies, cell, ours, kernels="keras_layers"):
         assert spies["tiers"].calls == []
     if "jax_tiers" in spies and kernels != "jax_tiers":
         assert spies["jax_tiers"].calls == []
+    if kernels == "one_call":
+        # Both directions in one kernel call (cuDNN on a GPU), handed the
+        # valid-first batch and its lengths, no mask; no Keras RNN function.
+        calls = spies["one_call"].calls
+        assert calls, "no one-call kernel ran"
+        assert all(c["kernel"] is inner[0].cell.kernel for c in calls)
+        assert spies["one_call"].outcomes() == ["computed"] * len(calls)
+        assert spies["one_call"].masks() == [None] * len(calls)
+        for name in ("lstm", "gru", "rnn"):
+            real = [c for c in spies[name].calls if c["device"] != "meta"]
+            assert real == [], f"backend.{name} ran on data"
+        return
+    if "one_call" in spies and kernels != "jax_tiers":
+        assert spies["one_call"].calls == []
     if kernels == "jax_tiers":
         # Both directions in one tiered recurrence per call, no Keras RNN
         # function on data.

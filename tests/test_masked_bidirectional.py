@@ -13,6 +13,7 @@ from keras import ops
 import maskedrnn
 from maskedrnn import MaskedBidirectional, backends
 from tests.helpers import (
+    GPU_GRAD_ATOL,
     assert_close,
     edge_mask,
     flat,
@@ -95,7 +96,7 @@ def test_gradients_match_keras(kind, kernel):
     assert len(grads_o) == len(grads_r)
     for g_o, g_r in zip(grads_o, grads_r):
         assert np.all(np.isfinite(g_o))
-        np.testing.assert_allclose(g_o, g_r, atol=ATOL, rtol=1e-4)
+        np.testing.assert_allclose(g_o, g_r, atol=max(ATOL, GPU_GRAD_ATOL), rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

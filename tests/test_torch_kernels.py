@@ -22,7 +22,14 @@ import numpy as np
 import pytest
 
 from maskedrnn import MaskedBidirectional, convert
-from tests.helpers import assert_close, loss_and_grads, spy_native_kernels, to_np
+from tests.helpers import (
+    GPU_FLOAT32_ATOL,
+    GPU_GRAD_ATOL,
+    assert_close,
+    loss_and_grads,
+    spy_native_kernels,
+    to_np,
+)
 
 if keras.backend.backend() != "torch":
     pytest.skip(
@@ -138,7 +145,7 @@ def test_native_kernel_matches_keras_masked(kind, native_calls):
     assert np.isclose(loss_o, loss_r, rtol=1e-5, atol=1e-4)
     assert len(grads_o) == len(grads_r) == 1 + len(ours.trainable_variables)
     for g_o, g_r in zip(grads_o, grads_r):
-        np.testing.assert_allclose(g_o, g_r, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(g_o, g_r, atol=max(1e-5, GPU_GRAD_ATOL), rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
@@ -183,14 +190,18 @@ def test_lstm_cell_state_through_saturated_padding(dtype, scale, grad_mode):
     x = inputs(5).astype(dtype)
     got = ours(x, mask=MASK, initial_state=states)
     want = ref(x, mask=MASK, initial_state=states)
-    assert_close(got, want, atol=1e-5 * scale, rtol=1e-5)
+    # On a GPU cuDNN's float32 sums round differently from Keras' loop and
+    # between its packed and unpacked calls, the more so where pre-activations
+    # are in the hundreds (`scale`); float64 stays at 1e-12 on either device,
+    # so the saturation itself is exact.
+    assert_close(got, want, atol=max(1e-5, 10 * GPU_FLOAT32_ATOL) * scale, rtol=1e-5)
     empty = ~MASK.any(1)
     for got_state, want_state in zip(got[1:], want[1:]):  # h, c fwd; h, c bwd
         # Its initial state, as Keras' masked loop carries it: bit for bit.
         np.testing.assert_array_equal(to_np(got_state)[empty], to_np(want_state)[empty])
     # Where the layer's weights are (CUDA when Keras sees a GPU).
     layout = torch_direction.Layout(torch.tensor(MASK, device=DEVICE))
-    tol = 1e-12 if dtype == "float64" else 1e-5
+    tol = 1e-12 if dtype == "float64" else max(1e-5, 10 * GPU_FLOAT32_ATOL)
     for inner, reverse, initial in (
         (ours.forward_layer, False, states[:2]),
         (ours.backward_layer, True, states[2:]),
@@ -377,15 +388,16 @@ def test_run_direction_with_one_valid_step_in_a_batch_of_empty_rows(place, packe
             layer, x, None, layout, place=place, packed=packed
         )
         ref, h = (to_np(t) for t in layer(x, mask=torch.tensor(mask, device=DEVICE)))
-    np.testing.assert_allclose(to_np(states[0]), h, atol=1e-6)
+    atol = max(1e-6, GPU_FLOAT32_ATOL)  # cuDNN's rounding on a GPU
+    np.testing.assert_allclose(to_np(states[0]), h, atol=atol)
     if place == "last":
-        np.testing.assert_allclose(to_np(y), h, atol=1e-6)
+        np.testing.assert_allclose(to_np(y), h, atol=atol)
         return
     y = to_np(y)
-    np.testing.assert_allclose(y[2, 3], ref[2, 3], atol=1e-6)
+    np.testing.assert_allclose(y[2, 3], ref[2, 3], atol=atol)
     # After the valid step: held by Keras' RNN convention, else zeros.
     after = ref[2, 3] if place == "held" else np.zeros(U)
-    np.testing.assert_allclose(y[2, 4], after, atol=1e-6)
+    np.testing.assert_allclose(y[2, 4], after, atol=atol)
     others = np.ones((4, 5), bool)
     others[2, 3:] = False
     assert not y[others].any()
@@ -618,17 +630,20 @@ def test_masked_training_runs_the_function_with_initial_state_gradients(
     states = [rng.standard_normal((B, U)).astype("float32") for _ in range(2)]
     got, expected = [], []
     for layer, found in ((ours, got), (ref, expected)):
-        xt = torch.tensor(x, requires_grad=True)
-        st = [torch.tensor(s, requires_grad=True) for s in states]
+        xt = torch.tensor(x, requires_grad=True, device=DEVICE)
+        st = [torch.tensor(s, requires_grad=True, device=DEVICE) for s in states]
         out = layer(xt, mask=MASK, initial_state=st)
-        loss = (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum()
+        weight = torch.linspace(-1, 1, out.numel(), device=DEVICE).view(out.shape)
+        loss = (out * weight).sum()
         variables = [v.value for v in layer.trainable_variables]
         found.extend(torch.autograd.grad(loss, [xt, *st, *variables]))
     native = native_here(ours)
     assert calls == ([(B, T, D)] * 2 if native else [])
     assert len(got) == len(expected) == 3 + len(ours.trainable_variables)
     for g, e in zip(got, expected):
-        np.testing.assert_allclose(to_np(g), to_np(e), atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(
+            to_np(g), to_np(e), atol=max(1e-5, GPU_GRAD_ATOL), rtol=1e-4
+        )
     if native:
         assert function.__name__ in ours.kernel_info()["forward"]
         with torch.no_grad():

@@ -30,7 +30,8 @@ class Layout:
         lengths: Int64 `(batch,)`, valid steps per row.
         steps: Python int, the longest row's length (0: no valid step).
         total: Python int, the number of valid steps (packed rows).
-        batch_sizes: Int64 `(steps,)` CPU tensor, for the packed kernels.
+        batch_sizes: Int64 `(steps,)` on the mask's device (the packed
+            kernels take a host copy).
         active: Int64 `(batch_sizes[0],)`: rows with a valid step, by
             decreasing length, as the packed kernel's final states come.
     """
@@ -39,6 +40,7 @@ class Layout:
         mask = as_tensor(mask).to(torch.bool)
         self.batch, self.time = mask.shape[0], mask.shape[1]
         self.mask = mask
+        self.device = mask.device
         # count[b, t]: valid steps of row b at or before t.
         self.count = torch.cumsum(mask, 1)
         if lengths is None:
@@ -61,7 +63,7 @@ class Layout:
     @functools.cached_property
     def batch_sizes(self):
         sorted_lengths = self._sorted[0]
-        k = torch.arange(self.steps)
+        k = torch.arange(self.steps, device=self.device)
         return (k[:, None] < sorted_lengths[None, :]).sum(1)
 
     @functools.cached_property
@@ -74,7 +76,7 @@ class Layout:
         # slot[b]: row b's place in the sorted order.
         sorted_rows = self._sorted[1]
         slot = torch.empty_like(sorted_rows)
-        slot[sorted_rows] = torch.arange(self.batch)
+        slot[sorted_rows] = torch.arange(self.batch, device=self.device)
         return slot
 
     @functools.cached_property
@@ -97,7 +99,9 @@ class Layout:
         rows = torch.div(self.valid, self.time, rounding_mode="floor")
         rank = self.lengths.take(rows) - count if reverse else count - 1
         zero_row = self.batch * self.time
-        index = torch.full((self.rows(packed),), zero_row, dtype=self.valid.dtype)
+        index = torch.full(
+            (self.rows(packed),), zero_row, dtype=self.valid.dtype, device=self.device
+        )
         return index.scatter_(0, self.row(rank, rows, packed), self.valid)
 
     def rows(self, packed):
@@ -117,14 +121,14 @@ class Layout:
             rank = self.count - 1
             keep = rank >= 0
         rank = rank.clamp(0, max(self.steps - 1, 0))
-        rows = torch.arange(self.batch)[:, None]
+        rows = torch.arange(self.batch, device=self.device)[:, None]
         index = torch.where(keep, self.row(rank, rows, packed), self.rows(packed))
         return index.reshape(-1)
 
     def last_index(self, packed):
         """Int64 `(batch,)`: kernel row of each row's last valid step, or zeros."""
         last = (self.lengths - 1).clamp(min=0)
-        rows = torch.arange(self.batch)
+        rows = torch.arange(self.batch, device=self.device)
         return torch.where(
             self.has_steps, self.row(last, rows, packed), self.rows(packed)
         )
@@ -212,7 +216,7 @@ def _direction(inner, x, initial_state, layout, reverse, place, packed, want_sta
         params, fn, hx = torch_kernels._kernel(inner, hx)
         # Packed form: (data, batch_sizes, hx, params, *flags).
         out, *final = fn(
-            data, layout.batch_sizes, hx, params, *torch_kernels._flags(cell)
+            data, layout.batch_sizes.cpu(), hx, params, *torch_kernels._flags(cell)
         )
         # Rows with no valid step keep their initial state.
         if want_states:

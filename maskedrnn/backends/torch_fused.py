@@ -109,7 +109,7 @@ def run(inners, x, steps, initial_states, want_states):
                     zeros = x.new_zeros((batch, units))
                 per_direction.append(zeros)
             else:
-                per_direction.append(as_tensor(state[i]).to(dtype))
+                per_direction.append(as_tensor(state[i]).to(x.device, dtype))
         hx.append(torch.stack(per_direction))
     flags = (
         inners[0].cell.use_bias,  # has_biases
