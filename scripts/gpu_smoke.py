@@ -100,6 +100,16 @@ def smoke_tests(check, backend, device, tests_s):
         if " passed" in line or " failed" in line or " error" in line
     ][-1:]
     record["output_tail"] = output[-4000:]
-    if record["returncode"] not in (0, None):
+    if record["returncode"] is None:
+        # Stopped at its limit: not a pass, whatever ran before it.
+        lines = output.splitlines()
+        passed = sum(1 for line in lines if " PASSED" in line)
+        failed = sum(1 for line in lines if " FAILED" in line or " ERROR" in line)
+        record["counts"] = {"passed": passed, "failed": failed}
+        check.failures.append(
+            f"tests: stopped at the {limit:.0f} s limit ({passed} passed, "
+            f"{failed} failed before it)"
+        )
+    elif record["returncode"] != 0:
         check.failures.append(f"tests: pytest exit {record['returncode']}")
     check.log(f"[tests] exit {record['returncode']} in {record['seconds']} s")

@@ -344,3 +344,49 @@ def test_a_wrong_result_fails_its_case(monkeypatch):
     assert checked and not any(w["ok"] for w in checked)
     for w in checked:
         assert w["diffs"]["outputs"] > parity.TOLERANCE["outputs"]
+
+
+def test_tests_stopped_at_their_limit_fail_the_check(tmp_path, monkeypatch):
+    """A test subset cut off at its limit is not a pass: the check records a
+    failure that says so, with what passed and failed before the cut."""
+    smoke = script("gpu_smoke")
+    slow = tmp_path / "test_slow_subset.py"
+    slow.write_text(
+        "import time\n\n\ndef test_quick():\n    pass\n\n\n"
+        "def test_fails():\n    assert False\n\n\n"
+        "def test_slow():\n    time.sleep(60)\n"
+    )
+    monkeypatch.setattr(smoke, "smoke_selection", lambda backend, quick: [str(slow)])
+    # Without pytest-timeout's per-test limit, where installed, the slow
+    # test is cut by the subset's own limit only.
+    find_spec = smoke.importlib.util.find_spec
+    monkeypatch.setattr(
+        smoke.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pytest_timeout" else find_spec(name, *a),
+    )
+
+    class Budget:
+        def left(self):
+            return 100.0
+
+    class Args:
+        quick = False
+
+    class Check:
+        args, budget, results, failures = Args(), Budget(), {}, []
+        log_path = tmp_path / "check.log"
+
+        def log(self, text):
+            with open(self.log_path, "a") as f:
+                f.write(text + "\n")
+
+    check = Check()
+    check.log_path.write_text("")
+    smoke.smoke_tests(check, BACKEND, "cpu", tests_s=15)
+    record = check.results["tests"]
+    assert record["returncode"] is None
+    assert record["counts"] == {"passed": 1, "failed": 1}
+    assert check.failures == [
+        "tests: stopped at the 15 s limit (1 passed, 1 failed before it)"
+    ]
