@@ -425,8 +425,8 @@ def test_symbolic_batch_declines_the_tiers_and_exports():
 
 def test_gpu_plan(monkeypatch):
     """On a CUDA GPU (its tests here made true) an LSTM runs cuDNN's
-    one-call LSTM, a GRU and a SimpleRNN the tiers; `use_cudnn=True` asks
-    for Keras' cuDNN layer instead."""
+    one-call LSTM, a GRU Keras' unmasked layer (with its reason), a
+    SimpleRNN the tiers; `use_cudnn=True` asks for Keras' cuDNN layer."""
     from maskedrnn.backends import jax as jax_backend
     from maskedrnn.backends import jax_fused
 
@@ -434,7 +434,7 @@ def test_gpu_plan(monkeypatch):
     monkeypatch.setattr(jax_backend, "has_fused_rnn_kernel", lambda: True)
     for make, kernel in [
         (lambda: keras.layers.LSTM(U), "jax-fused"),
-        (lambda: keras.layers.GRU(U), "jax-tiers"),
+        (lambda: keras.layers.GRU(U), "keras-unmasked"),
         (lambda: keras.layers.SimpleRNN(U), "jax-tiers"),
         (lambda: keras.layers.GRU(U, use_cudnn=True), "keras-unmasked"),
     ]:
@@ -446,6 +446,10 @@ def test_gpu_plan(monkeypatch):
             False,
         )
         assert plan.kernel() == kernel, plan.info()
+        inner = layer.forward_layer
+        if type(inner) is keras.layers.GRU and inner.use_cudnn == "auto":
+            reason = dict(plan.directions[0].options)["jax-tiers"]
+            assert not reason.blocking and "faster than the tiers" in str(reason)
 
 
 def test_no_host_sync_and_static_shapes():
