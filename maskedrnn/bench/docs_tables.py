@@ -5,14 +5,15 @@ against the JSON):
 
 - `<!-- bench-table docs/results/X.json -->`: the whole table is
   `python -m maskedrnn.bench.report docs/results/X.json`;
-- `<!-- bench-ratios -->`: one row per JSON file and ratio; its `fwd+bwd`
+- `<!-- bench-ratios -->`: one row per JSON file (`FILE#CASE`: one timing
+  case of a GPU check's JSON) and ratio; its `fwd+bwd`
   and `fwd` cells are the JSON's `ratios` rounded to 2 digits, followed,
   where the row has a `target` (`≤ X`), by "met" or "**missed** by D", and
   its `load 1 min` cell (where present) is the JSON's 1-minute load
   average, and its `95% interval` cell (where present) the ratio's interval
   from the run's own repeats (`maskedrnn.bench.report.ratio_interval`),
   fwd+bwd; fwd. The line `**Met: N of the M figures ...; missed: K ...**`
-  after the first such table is recounted, with how many of the missed
+  is recounted from the tables above it, with how many of the missed
   figures have the target inside their interval;
 - `<!-- bench-runs docs/results/runs-X.json -->`: the summary of
   `maskedrnn.bench.runs`' rounds, one row per run name, mode and ratio
@@ -80,9 +81,22 @@ def runs_table(runs):
     return "\n".join(lines) + "\n"
 
 
-def _load(path):
+def load_results(path):
+    """The bench JSON at `path` (relative to the checkout). `FILE#NAME` is
+    the timing case `NAME` of a GPU check's JSON (`scripts/gpu_check.py`
+    writes one bench JSON per case under `timings.cases`)."""
+    path, _, case = path.partition("#")
     with open(ROOT / path) as f:
-        return json.load(f)
+        results = json.load(f)
+    if not case:
+        return results
+    for entry in results["timings"]["cases"]:
+        if entry["name"] == case:
+            return entry["results"]
+    raise KeyError(f"{path} has no timing case {case!r}")
+
+
+_load = load_results
 
 
 def _cell(value, limit):
@@ -116,16 +130,23 @@ def _limit(row):
     return None if target in (None, "–") else float(target.removeprefix("≤ "))
 
 
+def _interval_cell(interval):
+    """`low–high`, or a dash where the two were timed a different number of
+    times (a slow implementation timed fewer times has no paired interval)."""
+    return "–" if interval is None else "%.2f–%.2f" % interval
+
+
 def _ratio_cells(row, results, counts):
     ratio = row["ratio"].strip("`")
     limit = _limit(row)
     values, intervals = {}, []
     for column, mode in (("fwd+bwd", "train"), ("fwd", "infer")):
         values[column] = _cell(f"{results['ratios'][mode][ratio]:.2f}", limit)
-        low, high = report.ratio_interval(results["rows"], mode, ratio)
-        intervals.append(f"{low:.2f}–{high:.2f}")
+        interval = report.ratio_interval(results["rows"], mode, ratio)
+        intervals.append(_interval_cell(interval))
         if limit is not None:
-            counts.append((values[column].endswith("met"), low <= limit))
+            inside = interval is not None and interval[0] <= limit
+            counts.append((values[column].endswith("met"), inside))
     if INTERVAL in row:
         values[INTERVAL] = "; ".join(intervals)
     if "load 1 min" in row:
@@ -195,10 +216,16 @@ def rewrite(page):
     page = RUNS.sub(lambda m: m.group(1) + runs_table(_load(m.group(2))), page)
     page = FIRST.sub(lambda m: m.group(1) + _first_call_table(m.group(2)), page)
     page = DEMO.sub(lambda m: m.group(1) + demo_table(m.group(2)), page)
+    # The summary line counts the figures of the tables above it.
+    summary_line = MET.search(page)
+    summary_at = summary_line.start() if summary_line else 0
     counts = []
-    page = RATIOS.sub(
-        lambda m: m.group(1) + _ratio_table(m.group(2), counts), page
-    )
+
+    def ratio_table(match):
+        counted = counts if match.start() < summary_at else []
+        return match.group(1) + _ratio_table(match.group(2), counted)
+
+    page = RATIOS.sub(ratio_table, page)
     met = sum(m for m, _ in counts)
     level = sum(inside for m, inside in counts if not m)
 
