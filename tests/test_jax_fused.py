@@ -557,3 +557,46 @@ def test_cudnn_matches_reference(directions):
     got = _grads(cudnn, x, params, initial, LENGTHS, wy, ws)
     want = _grads(_ours, x, params, initial, LENGTHS, wy, ws)
     _assert_trees_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_a_held_tail_equals_per_row_lengths(monkeypatch, scale):
+    """Without a backward initial state the call runs every row over every
+    step (`seq_lengths` all `time`, the flag column then zero columns up to
+    a multiple of 8 wide, the flag 1 exactly at padding), as Keras' unmasked
+    call does; its outputs, final states and gradients equal those of cuDNN's
+    per-row lengths (the path a backward initial state takes, run here with
+    a zero one), also with weights large enough for gate pre-activations in
+    the hundreds."""
+    import inspect
+
+    real = jax_rnn.lstm_ref
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(inspect.signature(real).bind(*args, **kwargs).arguments)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jax_rnn, "lstm_ref", spy)
+    layers = _keras_layers(2, D, U)
+    params = [p * scale for p in _params(layers)]
+    x = _data(0, B, T, D, LENGTHS)
+    wy, ws = _cotangents(2, B, T, U)
+    zeros = [[np.zeros((B, U), "float32")] * 2 for _ in range(2)]
+    for initial in (None, zeros):  # eagerly: the spy sees the values
+        _ours(x, params, initial, LENGTHS, wy, ws)
+    held_call, per_row_call = calls
+    monkeypatch.setattr(jax_rnn, "lstm_ref", real)
+    held = _grads(_ours, x, params, None, LENGTHS, wy, ws)
+    per_row = _grads(_ours, x, params, zeros, LENGTHS, wy, ws)
+    np.testing.assert_array_equal(held_call["seq_lengths"], np.full(B, T))
+    np.testing.assert_array_equal(per_row_call["seq_lengths"], np.maximum(LENGTHS, 1))
+    width = held_call["x"].shape[2]
+    assert width % 8 == 0 and width >= D + 1
+    np.testing.assert_array_equal(
+        held_call["x"][..., D], ~lengths_to_mask(LENGTHS, T)
+    )
+    assert not np.any(held_call["x"][..., D + 1 :])
+    # The initial-state gradients exist on the per-row path only.
+    held, per_row = held[:2] + held[2][:2], per_row[:2] + per_row[2][:2]
+    _assert_trees_close(held, per_row, atol=1e-5 * scale)

@@ -205,8 +205,8 @@ def describe(kernel, inner, want_states, options):
     if kernel == FUSED:
         text = (
             "one jax.experimental.rnn.lstm call for every direction over "
-            "valid-first data with per-row sequence lengths (cuDNN's LSTM; "
-            "exact final [h, c] from the kernel)"
+            "valid-first data, a padding flag holding the state over each "
+            "row's tail (cuDNN's LSTM; exact final [h, c])"
         )
         reason = dict(options).get(FUSED)
         if reason is not None:

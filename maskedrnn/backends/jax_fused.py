@@ -1,10 +1,18 @@
 """The JAX backend's fused LSTM: every direction of a masked batch in one call.
 
-On a GPU, `jax.experimental.rnn.lstm` over valid-first data with per-row
-`seq_lengths` is the whole masked layer: cuDNN runs each row to its own
-length, both directions, with exact final states (docs/design.md, "Kernels,
-one per backend"). It is float32 only, so float16 and bfloat16 are computed
-in float32; `use_cudnn=False` runs JAX's reference `lstm_ref` on any device.
+On a GPU, `jax.experimental.rnn.lstm` over valid-first data is the whole
+masked layer, both directions in one call with exact final states
+(docs/design.md, "Kernels, one per backend"). Every row runs all steps, as
+in Keras' unmasked call: a flag column appended to the inputs saturates the
+input gate to 0 and the forget gate to 1 over each row's padded tail, so the
+forward direction's `c` is held there (its `h` is read at the last valid
+step) and the backward direction, which reads the tail first, keeps its zero
+state until its first valid step. cuDNN's per-row `seq_lengths` would do the
+same but take its variable-length path, whose backward pass launches many
+more, smaller kernels; it still runs a backward direction given an initial
+state, which the tail would not keep. The call is float32 only, so float16
+and bfloat16 are computed in float32; `use_cudnn=False` runs JAX's reference
+`lstm_ref` on any device.
 """
 
 import contextlib
@@ -17,6 +25,12 @@ from jax.experimental import rnn as jax_rnn
 NAME = "jax-fused-lstm"
 
 DTYPES = ("float32", "float16", "bfloat16")
+
+# The flag's weight: dwarfs any |x @ W_ih + h @ W_hh + b| in float32, so the
+# saturated gates are exactly 0 and 1 (their derivatives exactly 0).
+_SATURATION = 1e15
+# Input widths that are multiples of this keep cuDNN's tensor cores.
+ALIGN = 8
 
 _TANH = (keras.activations.tanh, keras.ops.tanh, jnp.tanh)
 _SIGMOID = (keras.activations.sigmoid, keras.ops.sigmoid, jax.nn.sigmoid)
@@ -148,11 +162,20 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     valid = jnp.arange(time, dtype=jnp.int32)[None, :] < lengths[:, None]
     x = jnp.where(valid[..., None], _float32(x), 0.0)
-    # cuDNN fails on rows of length 0: they run one step, put back below.
-    seq_lengths = jnp.maximum(lengths, 1)
+    hold = directions == 1 or initial_state is None
+    if hold:
+        # Every row runs every step; the flag holds the state over the tail.
+        flag = jnp.logical_not(valid)[..., None].astype(jnp.float32)
+        extra = -(features + 1) % ALIGN
+        x = jnp.concatenate([x, flag, jnp.zeros((batch, time, extra))], axis=2)
+        flat = pack_weights([_with_flag_rows(w, extra) for w in weights])
+        seq_lengths = jnp.full((batch,), time, jnp.int32)
+    else:
+        # cuDNN fails on rows of length 0: they run one step, put back below.
+        seq_lengths = jnp.maximum(lengths, 1)
     precision = _precision(precision)
     kwargs = dict(
-        input_size=features,
+        input_size=x.shape[2],
         hidden_size=units,
         num_layers=1,
         dropout=0.0,
@@ -164,15 +187,41 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
         )
     else:
         w_ih, w_hh, b_ih, b_hh = jax_rnn.unpack_lstm_weights(
-            flat, features, units, 1, directions == 2
+            flat, x.shape[2], units, 1, directions == 2
         )
         with _matmul_precision(precision):
             y, h, c = jax_rnn.lstm_ref(
                 x, h0, c0, w_ih, w_hh, b_ih, b_hh, seq_lengths, **kwargs
             )
-    y = jnp.where(valid[..., None], y, 0.0).astype(dtype)
+    y = jnp.where(valid[..., None], y, 0.0)
+    if hold:
+        # The forward h after the last valid step is that step's output (the
+        # kernel's own h ran on over the tail); c was held, as was the whole
+        # backward state before the first valid step it reads.
+        last = jnp.maximum(lengths - 1, 0)
+        h_forward = jnp.take_along_axis(y[..., :units], last[:, None, None], axis=1)
+        h = h.at[0].set(h_forward[:, 0])
     ran = (lengths > 0)[None, :, None]
-    return y, _states(jnp.where(ran, h, h0), jnp.where(ran, c, c0), dtype)
+    states = _states(jnp.where(ran, h, h0), jnp.where(ran, c, c0), dtype)
+    return y.astype(dtype), states
+
+
+def _with_flag_rows(weights, extra):
+    """`(kernel, recurrent_kernel, bias)` with the flag's row and `extra`
+    zero rows appended to the kernel: the flag drives the input gate to 0
+    and the forget gate to 1 (gate order i, f, g, o)."""
+    kernel, recurrent_kernel, bias = weights
+    kernel = _float32(kernel)
+    units = kernel.shape[1] // 4
+    flag = jnp.concatenate(
+        [
+            jnp.full((units,), -_SATURATION),
+            jnp.full((units,), _SATURATION),
+            jnp.zeros((2 * units,)),
+        ]
+    ).astype(jnp.float32)
+    rows = jnp.concatenate([flag[None], jnp.zeros((extra, 4 * units))], axis=0)
+    return jnp.concatenate([kernel, rows], axis=0), recurrent_kernel, bias
 
 
 def _states(h, c, dtype):
