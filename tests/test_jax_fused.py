@@ -538,12 +538,15 @@ def test_gradients_reach_keras_variables():
     reason="needs a CUDA GPU (jax.experimental.rnn.lstm runs cuDNN only)",
 )
 @pytest.mark.parametrize("directions", [2, 1], ids=["bidirectional", "forward"])
-def test_cudnn_matches_reference(directions):
+@pytest.mark.parametrize("with_initial", [True, False])
+def test_cudnn_matches_reference(directions, with_initial):
     """On a CUDA GPU: cuDNN's results and gradients equal JAX's reference's
-    (`highest` precision), rows of length 0 included."""
+    (`highest` precision), rows of length 0 included, on both of cuDNN's
+    paths: every step with the padding flag, and per-row lengths (a
+    backward direction given an initial state)."""
     layers = _keras_layers(directions, D, U)
     x = _data(0, B, T, D, LENGTHS)
-    initial = _initial(directions, B, U)
+    initial = _initial(directions, B, U) if with_initial else None
     wy, ws = _cotangents(directions, B, T, U)
     params = _params(layers)
 
