@@ -25,12 +25,27 @@ SMOKE = [
     "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
 ]
 SMOKE_TORCH = ["tests/test_torch_kernels.py"]
-# First on torch: the one-call kernel's tests, device-agnostic, so on a GPU
-# they check cuDNN itself against Keras' masked layer and PyTorch's packed
-# module (TF32 off, tests/conftest.py): every padding, initial states,
-# float16 and bfloat16, go_backwards, return_sequences=False, every merge
-# mode, the input width, no host sync.
-SMOKE_FUSED = {"torch": ["tests/test_torch_fused.py"]}
+# JAX compiles each test's functions anew, for 10 s or more each on a GPU:
+# its subset leaves out what does not depend on the device (precision
+# policies and right-padded parity run in every CPU job).
+SMOKE_JAX_LEAVES_OUT = [
+    "tests/test_precision.py",
+    "tests/test_masked_bidirectional.py::test_lengths_equal_right_padded_mask",
+]
+# First: the one-call kernel's tests. On torch they are device-agnostic, so
+# on a GPU they check cuDNN itself against Keras' masked layer and
+# PyTorch's packed module (TF32 off, tests/conftest.py): every padding,
+# initial states, float16 and bfloat16, go_backwards,
+# return_sequences=False, every merge mode, the input width, no host sync.
+# On JAX: cuDNN's LSTM against JAX's reference on both of its paths (the
+# padding flag, per-row lengths), and the held tail against per-row lengths.
+SMOKE_FUSED = {
+    "torch": ["tests/test_torch_fused.py"],
+    "jax": [
+        "tests/test_jax_fused.py::test_cudnn_matches_reference",
+        "tests/test_jax_fused.py::test_a_held_tail_equals_per_row_lengths",
+    ],
+}
 # --quick: short tests show the section runs pytest and records it (on
 # torch, one of the one-call kernel's tests too).
 SMOKE_QUICK = [
@@ -46,7 +61,10 @@ def smoke_selection(backend, quick):
     if quick:
         return SMOKE_QUICK_FUSED.get(backend, []) + SMOKE_QUICK
     torch_only = SMOKE_TORCH if backend == "torch" else []
-    return SMOKE_FUSED.get(backend, []) + SMOKE + torch_only
+    common = SMOKE
+    if backend == "jax":
+        common = [t for t in SMOKE if t not in SMOKE_JAX_LEAVES_OUT]
+    return SMOKE_FUSED.get(backend, []) + common + torch_only
 
 
 def smoke_tests(check, backend, device, tests_s):
