@@ -429,6 +429,9 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
             progress.step(f"warm-up {mode} {name}")
 
     times = {case: [] for case in cases}
+    # Until the call returned, before waiting for the device: on a GPU the
+    # host's share of a repeat (a median near `median_ms`: bound by the host).
+    host = {case: [] for case in cases}
     for permutation in case_orders(
         len(cases), repeats, getattr(args, "order_seed", 0)
     ):
@@ -439,8 +442,10 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
             step = steps[name, mode]
             start = time.perf_counter()
             result = step()
+            returned = time.perf_counter()
             harness.block(result)
             times[name, mode].append((time.perf_counter() - start) * 1e3)
+            host[name, mode].append((returned - start) * 1e3)
             del result
             progress.step(f"{mode} {name}")
 
@@ -478,6 +483,7 @@ def _time_all(harness, impls, modes, make_step, settings, args, declined):
             "iqr_ms": float(p75 - p25),
             "min_ms": float(ts.min()),
             "times_ms": [float(v) for v in ts],
+            "host_median_ms": float(np.median(host[name, mode])),
             "reference": REFERENCE,
             "max_abs_diff": max_abs_diff(out, ref_out),
             "expected_to_match": name not in CEILINGS,
