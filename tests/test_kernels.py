@@ -295,8 +295,11 @@ def test_jax_cpu_rule_keeps_use_cudnn_true_and_a_gpu_unmasked(monkeypatch):
     monkeypatch.setattr(module, "_is_gpu_available", lambda: True)
     assert jax_backend.cpu_reason(auto.layer) is None
     plan = backends.plan({"layer": auto.layer}, auto.layer.cell.kernel, False)
-    # JAX has no cuDNN GRU: the length tiers on a GPU too.
-    assert plan.kernel() == "jax-tiers"
+    # JAX has no cuDNN GRU: on a GPU Keras' unmasked layer, whose scan
+    # beats the length tiers there (which stay its second choice).
+    assert plan.kernel() == "keras-unmasked"
+    reason = dict(plan.directions[0].options)["jax-tiers"]
+    assert not reason.blocking and "faster than the tiers" in str(reason)
 
 
 def test_jax_cpu_rule_is_jax_only():
