@@ -263,6 +263,7 @@ def test_every_backend_module_answers_the_same_questions():
         "is_concrete",
         "invert_permutation",
         "take_rows",
+        "gather_or_zero",
         "has_fused_rnn_kernel",
     }
     for backend in ("tensorflow", "jax", "torch"):
@@ -276,6 +277,59 @@ def test_every_backend_module_answers_the_same_questions():
         assert names <= defined, (backend, names - defined)
     assert set(backends.current().KERNELS) <= set(backends.KERNELS)
     assert backends.current().KERNELS[-1] == "keras-masked"
+
+
+def test_gather_or_zero_reads_only_what_it_keeps():
+    """`backends.current().gather_or_zero`, the reordering of every plan:
+    `y[b, index[b, t]]` where `keep`, zeros elsewhere (numpy oracle), with
+    NaN and inf in `y` and an index of -1 or `time` where not kept (as
+    ranks before a row's first step are): nothing of that reaches the
+    result or the gradient of `y` (which is the oracle's scatter of the
+    output gradient)."""
+    from keras import ops
+
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((3, 4, 2)).astype("float32")
+    index = np.array([[2, 0, -1, 3], [1, 1, 3, 0], [3, 2, 4, 0]], "int32")
+    keep = np.array([[1, 1, 0, 1], [1, 1, 0, 0], [1, 1, 0, 1]], bool)
+    bad = y.copy()
+    bad[1, 3] = np.nan  # pointed at where not kept only
+    bad[1, 0] = np.inf  # the same
+    read = np.take_along_axis(y, np.clip(index, 0, 3)[..., None], 1)
+    want = np.where(keep[..., None], read, 0)
+    index_t, keep_t = ops.convert_to_tensor(index), ops.convert_to_tensor(keep)
+    got = backends.current().gather_or_zero(ops.convert_to_tensor(bad), index_t, keep_t)
+    np.testing.assert_array_equal(ops.convert_to_numpy(got), want)
+    # Gradient of sum(w * out) w.r.t. y: w scattered back to the kept reads.
+    w = rng.standard_normal(want.shape).astype("float32")
+    expected = np.zeros_like(y)
+    for b_, t_ in zip(*np.nonzero(keep)):
+        expected[b_, index[b_, t_]] += w[b_, t_]
+    grad = _grad_of_weighted_sum(
+        lambda t: backends.current().gather_or_zero(t, index_t, keep_t), bad, w
+    )
+    np.testing.assert_allclose(grad, expected, rtol=0, atol=1e-6)
+
+
+def _grad_of_weighted_sum(fn, x, w):
+    """d sum(w * fn(x)) / dx, on the backend."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        xt = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(xt)
+            total = tf.reduce_sum(w * fn(xt))
+        return tape.gradient(total, xt).numpy()
+    if BACKEND == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda t: (w * fn(t)).sum())(x))
+    import torch
+
+    xt = torch.tensor(x, requires_grad=True)
+    (torch.as_tensor(w) * fn(xt)).sum().backward()
+    return xt.grad.numpy()
 
 
 # ------------------------------------------------------------------ layout

@@ -22,6 +22,7 @@ ONE_CALL_KERNELS = (FUSED, TIERS)
 
 layout = run_direction = keras_kernels.no_caller_order_kernel
 scalar = keras_kernels.scalar
+gather_or_zero = keras_kernels.gather_or_zero
 
 
 def is_concrete(x):

@@ -9,8 +9,10 @@
 
 import keras
 
+from maskedrnn import backends
 from maskedrnn._keras_private import get_keras_mask
 from maskedrnn.backends import Reason, preference
+from maskedrnn.backends.gather import gather_time
 
 # Layers whose output is their h, so their final states can be read off it.
 UNMASKED_TYPES = (keras.layers.LSTM, keras.layers.GRU, keras.layers.SimpleRNN)
@@ -125,6 +127,18 @@ def run(kernel, inner, x, initial_state, training, steps):
 def scalar(value, dtype):
     """A 0-d tensor of `value` in `dtype`, for TensorFlow and JAX."""
     return keras.ops.cast(value, dtype)
+
+
+def gather_or_zero(y, index, keep):
+    """`gather_time(y, index)` where the bool `(batch, time_out)` `keep` is
+    True, zeros elsewhere, in `keras.ops`: a step of zeros appended to `y`
+    is read where `keep` is False (cheaper than a select after the gather),
+    so what `index` points at there is never read."""
+    ops = keras.ops
+    time = backends.current().scalar(ops.shape(y)[1], "int32")
+    index = ops.where(keep, index, time)
+    y = ops.concatenate([y, ops.zeros_like(y[:, :1])], axis=1)
+    return gather_time(y, index)
 
 
 def no_caller_order_kernel(*args, **kwargs):

@@ -85,6 +85,29 @@ def take_rows(flat, index):
     return rows.reshape(tuple(index.shape) + tuple(flat.shape[1:]))
 
 
+def gather_or_zero(y, index, keep):
+    """`gather_time(y, index)` where `keep` is True, zeros elsewhere, in a
+    few torch calls (Keras' op dispatch costs more than they do on a GPU).
+
+    Where `keep` is False the row's step 0 is gathered (`index` may be out
+    of range there, as a rank of -1 is) and replaced by zeros
+    (`torch.where`), so neither its values (inf or NaN in padding) nor a
+    gradient reach the result.
+    """
+    y = ops.convert_to_tensor(y)
+    batch, time = y.shape[0], y.shape[1]
+    keep = ops.convert_to_tensor(keep)
+    index = ops.convert_to_tensor(index).to(torch.int64)
+    index = torch.where(keep, index, 0)
+    rows = index + torch.arange(batch, device=index.device)[:, None] * time
+    flat = y.reshape((batch * time,) + tuple(y.shape[2:]))
+    out = torch.index_select(flat, 0, rows.reshape(-1)).reshape(
+        tuple(index.shape) + tuple(y.shape[2:])
+    )
+    keep = keep.reshape(tuple(keep.shape) + (1,) * (out.dim() - keep.dim()))
+    return torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
 def has_fused_rnn_kernel():
     """False: torch checks the device per tensor (`unavailable_reason`)."""
     return False

@@ -100,12 +100,6 @@ def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=
     return y, states
 
 
-def with_zero_step(y):
-    """`y` with a step of zeros appended: gathering index `time` reads zeros
-    (cheaper than a select on torch CPU)."""
-    return ops.concatenate([y, ops.zeros_like(y[:, :1])], axis=1)
-
-
 def in_place(y, steps):
     """Valid-first outputs back at the caller's positions, zeros at padding
     (the `Bidirectional` convention)."""
@@ -120,10 +114,10 @@ def in_place(y, steps):
 
 
 def gather_or_zero(y, index, keep):
-    """`gather_time(y, index)` where `keep` is True, zeros elsewhere."""
-    time = backends.current().scalar(ops.shape(y)[1], "int32")
-    index = ops.where(keep, index, time)
-    return mops.gather_time(with_zero_step(y), index)
+    """`gather_time(y, index)` where `keep` is True, zeros elsewhere (the
+    backend's `gather_or_zero`); what `index` points at where `keep` is
+    False is never read, nor reached by a gradient."""
+    return backends.current().gather_or_zero(y, index, keep)
 
 
 def last_output(y, steps):
