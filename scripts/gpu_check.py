@@ -63,9 +63,10 @@ Files in `--out` (at most 3): `gpu_check-<backend>.json` (everything),
 tests' output) and `gpu_check-<backend>-profile.txt` (the kernels the
 profiler saw in the first timing case).
 
-Exit status: 0 when every comparison passed and the tests passed (skipped
-or cut-off work included); 1 when a comparison failed, a case raised or a
-test failed; 2 for bad arguments.
+Exit status: 0 when every comparison passed and the tests passed (timing
+and correctness cases skipped for the budget included); 1 when a
+comparison failed, a case raised, a test failed or the test subset was cut
+at its limit; 2 for bad arguments.
 """
 
 import argparse

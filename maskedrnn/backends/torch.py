@@ -87,7 +87,8 @@ def take_rows(flat, index):
 
 def gather_or_zero(y, index, keep):
     """`gather_time(y, index)` where `keep` is True, zeros elsewhere, in a
-    few torch calls (Keras' op dispatch costs more than they do on a GPU).
+    few torch calls: each `keras.ops` call adds Keras' dispatch, which the
+    host pays before cuDNN's call is queued.
 
     Where `keep` is False the row's step 0 is gathered (`index` may be out
     of range there, as a rank of -1 is) and replaced by zeros
