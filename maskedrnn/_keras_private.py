@@ -4,8 +4,6 @@ Keras 3 has no public name for these, so a Keras upgrade that moves one
 breaks here only; no other module imports `keras.src` (tested).
 """
 
-import functools
-
 # What Keras' RNN layers call (`lstm`, `gru`, ...): the bench's spies patch it.
 from keras.src import backend as keras_src_backend  # noqa: F401
 
@@ -48,15 +46,14 @@ def keras_backend_rnn(backend):
 
 def keras_torch_device():
     """The device Keras' torch backend puts new tensors on (imports torch)."""
-    return _keras_torch_get_device()()
+    if not _GET_DEVICE:
+        # Looked up once: a failed import searches the path again each time.
+        try:  # Keras 3.16 moved it from `core` to `ops.core`.
+            from keras.src.backend.torch.ops.core import get_device
+        except ImportError:
+            from keras.src.backend.torch.core import get_device
+        _GET_DEVICE.append(get_device)
+    return _GET_DEVICE[0]()
 
 
-@functools.cache
-def _keras_torch_get_device():
-    # Looked up once: a failed import searches the path again at every call.
-    try:  # Keras 3.16 moved it from `core` to `ops.core`.
-        from keras.src.backend.torch.ops.core import get_device
-    except ImportError:
-        from keras.src.backend.torch.core import get_device
-
-    return get_device
+_GET_DEVICE = []
