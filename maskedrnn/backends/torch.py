@@ -100,13 +100,17 @@ def gather_or_zero(y, index, keep):
     keep = ops.convert_to_tensor(keep)
     index = ops.convert_to_tensor(index).to(torch.int64)
     index = torch.where(keep, index, 0)
-    rows = index + torch.arange(batch, device=index.device)[:, None] * time
+    # On Keras' device, as `scalar`'s fill and Keras' own ops make tensors.
+    from maskedrnn._keras_private import keras_torch_device
+
+    offsets = torch.arange(batch, device=keras_torch_device()) * time
+    rows = index + offsets[:, None]
     flat = y.reshape((batch * time,) + tuple(y.shape[2:]))
     out = torch.index_select(flat, 0, rows.reshape(-1)).reshape(
         tuple(index.shape) + tuple(y.shape[2:])
     )
     keep = keep.reshape(tuple(keep.shape) + (1,) * (out.dim() - keep.dim()))
-    return torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return torch.where(keep, out, 0.0)
 
 
 def has_fused_rnn_kernel():
