@@ -13,6 +13,7 @@ import keras
 import torch
 from keras import ops
 
+from maskedrnn._keras_private import keras_torch_device
 from maskedrnn.backends import Reason, keras_kernels, preference, torch_fused
 from maskedrnn.backends.torch_direction import Layout, _direction
 from maskedrnn.backends.torch_direction import run_direction as _run_direction
@@ -64,8 +65,6 @@ def scalar(value, dtype):
     dtype = keras.backend.standardize_dtype(dtype)
     if isinstance(value, torch.Tensor):
         return value.to(getattr(torch, dtype))
-    from maskedrnn._keras_private import keras_torch_device
-
     device = keras_torch_device()
     return torch.full((), value, dtype=getattr(torch, dtype), device=device)
 
@@ -101,14 +100,9 @@ def gather_or_zero(y, index, keep):
     index = ops.convert_to_tensor(index).to(torch.int64)
     index = torch.where(keep, index, 0)
     # On Keras' device, as `scalar`'s fill and Keras' own ops make tensors.
-    from maskedrnn._keras_private import keras_torch_device
-
     offsets = torch.arange(batch, device=keras_torch_device()) * time
-    rows = index + offsets[:, None]
     flat = y.reshape((batch * time,) + tuple(y.shape[2:]))
-    out = torch.index_select(flat, 0, rows.reshape(-1)).reshape(
-        tuple(index.shape) + tuple(y.shape[2:])
-    )
+    out = take_rows(flat, index + offsets[:, None])
     keep = keep.reshape(tuple(keep.shape) + (1,) * (out.dim() - keep.dim()))
     return torch.where(keep, out, 0.0)
 
