@@ -96,8 +96,6 @@ def load_results(path):
     raise KeyError(f"{path} has no timing case {case!r}")
 
 
-_load = load_results
-
 
 def _cell(value, limit):
     """The cell of a rounded ratio `value` (a string), with its verdict when
@@ -119,7 +117,7 @@ def _rewrite_rows(table, fill):
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         row = dict(zip(header, cells))
-        for column, value in fill(row, _load(row["JSON"].strip("`"))).items():
+        for column, value in fill(row, load_results(row["JSON"].strip("`"))).items():
             cells[header.index(column)] = value
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
@@ -209,11 +207,11 @@ def demo_table(table):
 
 def rewrite(page):
     def table(match):
-        results = _load(match.group(2))
+        results = load_results(match.group(2))
         return match.group(1) + report.markdown_table(results) + "\n"
 
     page = TABLE.sub(table, page)
-    page = RUNS.sub(lambda m: m.group(1) + runs_table(_load(m.group(2))), page)
+    page = RUNS.sub(lambda m: m.group(1) + runs_table(load_results(m.group(2))), page)
     page = FIRST.sub(lambda m: m.group(1) + _first_call_table(m.group(2)), page)
     page = DEMO.sub(lambda m: m.group(1) + demo_table(m.group(2)), page)
     # The summary line counts the figures of the tables above it.
