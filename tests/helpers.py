@@ -19,19 +19,9 @@ BACKEND = keras.backend.backend()
 
 def gpu_here():
     """Whether the backend computes on a GPU here (Keras places tensors there)."""
-    if BACKEND == "tensorflow":
-        import tensorflow as tf
+    from maskedrnn.bench import gpu_available
 
-        return bool(tf.config.list_physical_devices("GPU"))
-    if BACKEND == "jax":
-        import jax
-
-        return jax.default_backend() == "gpu"
-    if BACKEND == "torch":
-        import torch
-
-        return torch.cuda.is_available()
-    return False
+    return gpu_available(BACKEND)
 
 
 # cuDNN's float32 RNN kernels (TF32 off, tests/conftest.py) add up in another
