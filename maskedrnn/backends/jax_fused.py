@@ -59,28 +59,35 @@ def pack_weights(weights):
     flat = pack_weights([(cell.kernel, cell.recurrent_kernel, cell.bias)])
     ```
     """
-    if len(weights) not in (1, 2):
-        raise ValueError(
-            "weights must hold one (forward) or two (forward, backward) "
-            f"(kernel, recurrent_kernel, bias) tuples; got {len(weights)}."
-        )
+    _check_weights(weights)
     matrices, biases = [], []
     for kernel, recurrent_kernel, bias in weights:
         kernel = _float32(kernel)
         recurrent_kernel = _float32(recurrent_kernel)
         units = recurrent_kernel.shape[0]
-        if recurrent_kernel.shape != (units, 4 * units) or kernel.shape[1:] != (
-            4 * units,
-        ):
-            raise ValueError(
-                "weights must be a Keras LSTM's kernel (features, 4 * units) "
-                "and recurrent_kernel (units, 4 * units); got shapes "
-                f"{kernel.shape} and {recurrent_kernel.shape}."
-            )
         matrices += [kernel.T.ravel(), recurrent_kernel.T.ravel()]
         zeros = jnp.zeros((4 * units,), jnp.float32)
         biases += [zeros if bias is None else _float32(bias).ravel(), zeros]
     return jnp.concatenate(matrices + biases)
+
+
+def _check_weights(weights):
+    """Raises unless `weights` are one or two Keras LSTM weight tuples."""
+    if len(weights) not in (1, 2):
+        raise ValueError(
+            "weights must hold one (forward) or two (forward, backward) "
+            f"(kernel, recurrent_kernel, bias) tuples; got {len(weights)}."
+        )
+    for kernel, recurrent_kernel, _ in weights:
+        kernel_shape = tuple(kernel.shape)
+        recurrent_shape = tuple(recurrent_kernel.shape)
+        units = recurrent_shape[0]
+        if recurrent_shape != (units, 4 * units) or kernel_shape[1:] != (4 * units,):
+            raise ValueError(
+                "weights must be a Keras LSTM's kernel (features, 4 * units) "
+                "and recurrent_kernel (units, 4 * units); got shapes "
+                f"{kernel_shape} and {recurrent_shape}."
+            )
 
 
 def cell_weights(inner):
@@ -125,7 +132,7 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
     ```
     """
     directions = len(weights)
-    flat = pack_weights(weights)
+    _check_weights(weights)
     if x.ndim != 3:
         raise ValueError(f"x must be (batch, time, features); got shape {x.shape}.")
     dtype = x.dtype
@@ -171,6 +178,7 @@ def lstm(x, lengths, weights, initial_state=None, use_cudnn=None, precision=None
         flat = pack_weights([_with_flag_rows(w, extra) for w in weights])
         seq_lengths = jnp.full((batch,), time, jnp.int32)
     else:
+        flat = pack_weights(weights)
         # cuDNN fails on rows of length 0: they run one step, put back below.
         seq_lengths = jnp.maximum(lengths, 1)
     precision = _precision(precision)
