@@ -56,7 +56,7 @@ from maskedrnn._keras_private import keras_gru_module as gru_module
 from maskedrnn._keras_private import keras_lstm_module as lstm_module
 from maskedrnn._keras_private import keras_rnn_module as rnn_module
 from maskedrnn._keras_private import keras_src_backend as keras_backend
-from tests.helpers import gpu_here, to_np
+from tests.helpers import GPU, to_np
 
 BACKEND = keras.backend.backend()
 B, T, D, U, VOCAB = 3, 5, 2, 3, 7
@@ -77,12 +77,12 @@ def fused_without_mask(cell):
     otherwise only on GPU (cuDNN)."""
     if BACKEND == "torch" or (BACKEND == "jax" and cell == "gru"):
         return True
-    return gpu_here()
+    return GPU
 
 
 def native_kernels_here():
     """Whether ours runs PyTorch's own kernels here by default (torch, CPU)."""
-    return BACKEND == "torch" and not gpu_here()
+    return BACKEND == "torch" and not GPU
 
 
 def default_kernels(cell=None):
@@ -95,13 +95,13 @@ def default_kernels(cell=None):
     "keras_layers" (Keras' unmasked inner layers)."""
     if native_kernels_here():
         return "native"
-    if BACKEND == "torch" or (BACKEND == "jax" and cell == "lstm" and gpu_here()):
+    if BACKEND == "torch" or (BACKEND == "jax" and cell == "lstm" and GPU):
         return "one_call"
-    if BACKEND == "tensorflow" and cell == "lstm" and not gpu_here():
+    if BACKEND == "tensorflow" and cell == "lstm" and not GPU:
         return "block_lstm"
-    if BACKEND == "tensorflow" and cell == "gru" and not gpu_here():
+    if BACKEND == "tensorflow" and cell == "gru" and not GPU:
         return "tiers"
-    if BACKEND == "jax" and not gpu_here():
+    if BACKEND == "jax" and not GPU:
         return "jax_tiers"
     return "keras_layers"
 
