@@ -178,26 +178,33 @@ def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     # Longest first (stable), and the inverse permutation to put rows back.
     order = jnp.argsort(-lengths, stable=True)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(batch, dtype=order.dtype))
+    inverse = (
+        jnp.zeros_like(order)
+        .at[order]
+        .set(jnp.arange(batch, dtype=order.dtype), unique_indices=True)
+    )
     # (time, directions, batch, features), rows sorted.
-    x_tm = jnp.transpose(jnp.take(x_all, order, axis=1), (2, 0, 1, 3))
+    x_tm = jnp.transpose(_take(x_all, order, 1), (2, 0, 1, 3))
     sorted_states = tuple(
-        jnp.stack([jnp.take(s[k], order, axis=0) for s in states])
+        jnp.stack([_take(s[k], order, 0) for s in states])
         for k in range(len(states[0]))
     )
     kind = _kind(inners[0])
     params = _stacked_weights(inners, kind, dtype)
     ys, finals = _tiers(
-        kind, min(tiers, batch), x_tm, jnp.take(lengths, order), sorted_states, params
+        kind, min(tiers, batch), x_tm, _take(lengths, order, 0), sorted_states, params
     )
     outputs = [
-        jnp.take(jnp.swapaxes(ys[:, d], 0, 1), inverse, axis=0)
-        for d in range(len(inners))
+        _take(jnp.swapaxes(ys[:, d], 0, 1), inverse, 0) for d in range(len(inners))
     ]
-    finals = [
-        [jnp.take(s[d], inverse, axis=0) for s in finals] for d in range(len(inners))
-    ]
+    finals = [[_take(s[d], inverse, 0) for s in finals] for d in range(len(inners))]
     return outputs, finals
+
+
+def _take(x, index, axis):
+    """`jnp.take` of in-range indices, with no out-of-range fill for XLA to
+    compile (`mode="clip"`)."""
+    return jnp.take(x, index, axis=axis, mode="clip")
 
 
 def _stacked_weights(inners, kind, dtype):
