@@ -83,16 +83,18 @@ def _losses(layer, lengths, valid, wy):
         )
         return total(y, states)
 
-    def our_loss(weights, x, initial, tiers):
+    def our_loss(weights, x, initial, groups):
         mapping = list(zip(layer.trainable_variables, weights))
         with keras.StatelessScope(state_mapping=mapping):
-            y, states = jax_tiers.run(layer, x, lengths, list(initial), tiers=tiers)
+            y, states = jax_tiers.run(
+                layer, x, lengths, list(initial), groups=groups
+            )
         return total(y, states)
 
     return keras_loss, our_loss
 
 
-def _check_run(kind, lengths, tiers, dtype="float32", atol=1e-5):
+def _check_run(kind, lengths, groups, dtype="float32", atol=1e-5):
     layer = _layer(kind, dtype=None if dtype == "float32" else dtype)
     x, valid, wy = _case(lengths, dtype=dtype)
     rng = np.random.default_rng(3)
@@ -108,7 +110,7 @@ def _check_run(kind, lengths, tiers, dtype="float32", atol=1e-5):
         jax.value_and_grad(our_loss, argnums=(0, 1, 2), has_aux=True),
         static_argnums=3,
     )
-    (got, got_out), got_grads = ours(weights, x, initial, tiers)
+    (got, got_out), got_grads = ours(weights, x, initial, groups)
     assert_close(got_out, want_out, atol=atol)
     assert_close(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), atol=atol)
     for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
@@ -120,18 +122,19 @@ def _check_run(kind, lengths, tiers, dtype="float32", atol=1e-5):
 @pytest.mark.parametrize(
     "kind", ["lstm", "lstm_no_bias", "gru", "gru_reset_before", "simple"]
 )
-@pytest.mark.parametrize("tiers", [1, 3, 11])
-def test_run_matches_keras_masked_loop(kind, tiers):
+@pytest.mark.parametrize("groups", [1, 3, 4, 11])
+def test_run_matches_keras_masked_loop(kind, groups):
     """Outputs at valid steps, final states and every gradient (inputs,
     weights, initial states) equal Keras' masked loop's, under jit, with
-    one tier, several, and one per row."""
-    _check_run(kind, LENGTHS, tiers)
+    one row group, 3 groups of 4 rows or 4 of 3 (the 11 rows padded by one
+    row of length 0), and one group per row."""
+    _check_run(kind, LENGTHS, groups)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru", "simple"])
 def test_run_on_edge_mask_lengths(kind):
     """The lengths of `edge_mask`'s rows (0 and full among them)."""
-    _check_run(kind, MASK.sum(axis=1).astype("int32"), jax_tiers.TIERS)
+    _check_run(kind, MASK.sum(axis=1).astype("int32"), jax_tiers.GROUPS)
 
 
 _ORACLE_KINDS = ["lstm", "gru", "simple"]

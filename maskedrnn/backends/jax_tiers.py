@@ -1,10 +1,15 @@
 """The JAX backend's length tiers: only the valid steps of a masked batch run.
 
 The `"jax-tiers"` kernel for Keras' `LSTM`, `GRU` and `SimpleRNN`: rows
-sorted by length run in phases of static row groups that leave once their
-longest row ends, with a gradient of its own (`jax.custom_vjp`) walking
-the same phases back (docs/design.md, "Kernels, one per backend"). Steps
+sorted by length run in static groups of equal size, each group only up to
+its own longest row, with a gradient of its own (`jax.custom_vjp`) walking
+the same steps back (docs/design.md, "Kernels, one per backend"). Steps
 compute in the layer's compute dtype; weight gradients sum in float32.
+
+One loop over the groups holds one loop over a group's steps, forward and
+backward: every group runs the same compiled step, so XLA compiles one
+recurrence whatever the number of groups (a loop per group, or per phase of
+a shrinking batch, would each be compiled anew).
 """
 
 import functools
@@ -17,10 +22,9 @@ from jax import lax
 from maskedrnn.backends.gather import gather_time
 
 KERNEL = "jax-tiers"
-# Row groups per direction. Each is one more loop, forward and backward,
-# for XLA to compile on every first call; fewer skip fewer padded steps on
-# every later call.
-TIERS = 4
+# Row groups on a CPU: more skip more padded steps, but run more, smaller
+# steps one after another. The compiled program is the same for any number.
+GROUPS = 4
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 _TANH = (keras.activations.tanh, keras.ops.tanh, jnp.tanh)
@@ -57,12 +61,17 @@ def describe(inner):
     name = type(inner).__name__
     return (
         f"{name} in length tiers over valid-first data: rows sorted by "
-        f"length, each of {TIERS} row groups leaving the recurrence once its "
-        "longest row has ended (padded steps skipped, no host sync), exact "
-        "final states carried to each row's last valid step, its own "
-        "gradient (jax.custom_vjp); the directions of a call stacked in one "
-        "recurrence"
+        f"length, in {default_groups()} row group(s) that each run to their "
+        "own longest row (padded steps skipped, no host sync), exact final "
+        "states carried to each row's last valid step, its own gradient "
+        "(jax.custom_vjp); the directions of a call stacked in one recurrence"
     )
+
+
+def default_groups():
+    """`GROUPS` on a CPU; 1 elsewhere, where a step's time hardly depends on
+    its rows and more groups would only run more steps one after another."""
+    return GROUPS if jax.default_backend() == "cpu" else 1
 
 
 def _kind(inner):
@@ -92,7 +101,7 @@ def _weights(inner, dtype):
     return kernel, recurrent, bias
 
 
-def run(inner, x, lengths, initial_state, tiers=TIERS):
+def run(inner, x, lengths, initial_state, groups=None):
     """Runs the Keras RNN `inner` over valid-first `x` in length tiers.
 
     Args:
@@ -102,7 +111,8 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
         lengths: Int `(batch,)`, each row's valid steps, in `[0, time]`.
         initial_state: List of `(batch, units)` states (`[h, c]` for an
             LSTM, `[h]` otherwise).
-        tiers: Static number of row groups (at most `batch`).
+        groups: Static number of row groups (`default_groups()` if None;
+            at most `batch`).
 
     Returns:
         `(outputs, states)`: outputs `(batch, time, units)` in the compute
@@ -118,11 +128,11 @@ def run(inner, x, lengths, initial_state, tiers=TIERS):
     y, [h] = run(gru, x, np.array([5, 2, 0]), [np.zeros((3, 8), "float32")])
     ```
     """
-    (y,), (states,) = run_directions([inner], [x], lengths, [initial_state], tiers)
+    (y,), (states,) = run_directions([inner], [x], lengths, [initial_state], groups)
     return y, states
 
 
-def run_one_call(inners, x, steps, initial_states, want_states, tiers=TIERS):
+def run_one_call(inners, x, steps, initial_states, want_states, groups=None):
     """Every direction of a call in one tiered recurrence, weights stacked."""
     xs = [x]
     if len(inners) == 2:
@@ -137,7 +147,7 @@ def run_one_call(inners, x, steps, initial_states, want_states, tiers=TIERS):
         ]
         for s, inner in zip(initial_states, inners)
     ]
-    ys, states = run_directions(inners, xs, steps.lengths, initial, tiers)
+    ys, states = run_directions(inners, xs, steps.lengths, initial, groups)
     if len(inners) == 2:
         ys[1] = gather_time(ys[1], steps.reverse)
     y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
@@ -166,7 +176,7 @@ def _dtype(inner):
     return keras.backend.standardize_dtype(inner.cell.compute_dtype)
 
 
-def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
+def run_directions(inners, xs, lengths, initial_states, groups=None):
     """`run` for several directions at once, one entry per direction."""
     dtype = _dtype(inners[0])
     x_all = jnp.stack([jnp.asarray(x).astype(dtype) for x in xs])
@@ -183,17 +193,25 @@ def run_directions(inners, xs, lengths, initial_states, tiers=TIERS):
         .at[order]
         .set(jnp.arange(batch, dtype=order.dtype), unique_indices=True)
     )
+    # Equal groups: rows of length 0 pad the batch to a multiple of the size.
+    groups = min(default_groups() if groups is None else groups, batch)
+    size = -(-batch // groups)
+    groups = -(-batch // size)
+    pad = groups * size - batch
     # (time, directions, batch, features), rows sorted.
     x_tm = jnp.transpose(_take(x_all, order, 1), (2, 0, 1, 3))
+    x_tm = jnp.pad(x_tm, ((0, 0), (0, 0), (0, pad), (0, 0)))
     sorted_states = tuple(
-        jnp.stack([_take(s[k], order, 0) for s in states])
+        jnp.pad(
+            jnp.stack([_take(s[k], order, 0) for s in states]),
+            ((0, 0), (0, pad), (0, 0)),
+        )
         for k in range(len(states[0]))
     )
+    sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
     kind = _kind(inners[0])
     params = _stacked_weights(inners, kind, dtype)
-    ys, finals = _tiers(
-        kind, min(tiers, batch), x_tm, _take(lengths, order, 0), sorted_states, params
-    )
+    ys, finals = _tiers(kind, groups, x_tm, sorted_lengths, sorted_states, params)
     outputs = [
         _take(jnp.swapaxes(ys[:, d], 0, 1), inverse, 0) for d in range(len(inners))
     ]
@@ -223,21 +241,6 @@ def _stacked_weights(inners, kind, dtype):
 def _t(matrix):
     """The transpose of each matrix of a stack."""
     return jnp.swapaxes(matrix, -1, -2)
-
-
-def _groups(batch, tiers):
-    """Static row counts of the phases, decreasing from `batch`, then 0."""
-    return [batch - (k * batch) // tiers for k in range(tiers)] + [0]
-
-
-def _bounds(lengths, rows):
-    """Each phase's `(start, stop)`: the longest length of the rows leaving."""
-    stops = [
-        lengths[rows[k + 1]] if rows[k + 1] > 0 else lengths[0]
-        for k in range(len(rows) - 1)
-    ]
-    starts = [jnp.int32(0)] + stops[:-1]
-    return list(zip(starts, stops))
 
 
 # ---- the cells: one step forward, one step back, the all-steps gradients.
@@ -360,23 +363,41 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
     return dx, d_kernel, d_rec, d_in_bias
 
 
-# ---- the phases, forward and back, with their VJP.
+# ---- the groups, forward and back, with their VJP.
+#
+# `x_tm` is `(time, directions, batch, features)` with the rows sorted
+# longest first and `batch` a multiple of `groups`: group `j` is the rows
+# `j * size` to `(j + 1) * size`, and its first row is its longest.
 
 
-def _forward(kind, tiers, x_tm, lengths, states, params, save):
-    """Runs the phases; `(outputs, final_states, buffers)`, filled with `save`."""
+def _rows(x, first, size):
+    """Rows `first` to `first + size` of `(directions, batch, ...)` `x`."""
+    return lax.dynamic_slice_in_dim(x, first, size, axis=1)
+
+
+def _at(buffer, t, first, size):
+    """`buffer[t, :, first:first + size]` of a `(time, directions, batch,
+    ...)` buffer."""
+    return _rows(lax.dynamic_index_in_dim(buffer, t, 0, keepdims=False), first, size)
+
+
+def _put(buffer, value, t, first):
+    """`buffer` with `value` written at step `t`, rows from `first`."""
+    start = (t, 0, first) + (0,) * (buffer.ndim - 3)
+    # One index dtype (under jax_enable_x64 the literals would be int64).
+    start = tuple(lax.convert_element_type(i, jnp.int32) for i in start)
+    return lax.dynamic_update_slice(buffer, value[None], start)
+
+
+def _forward(kind, groups, x_tm, lengths, states, params, save):
+    """Runs every group: `(outputs, final_states, buffers)`, the buffers
+    filled with `save` (the states and pre-activations of every step)."""
     time, batch = x_tm.shape[0], x_tm.shape[2]
-    rows = _groups(batch, tiers)
+    size = batch // groups
     dtype = x_tm.dtype
-
-    def zeros_like_step(n):
-        # Shapes of one step's outputs on n rows, for the buffers.
-        return jax.eval_shape(
-            lambda s: _step(kind, params, x_tm[0, :, :n], s),
-            tuple(s[:, :n] for s in states),
-        )
-
-    state_shapes, saved_shapes = zeros_like_step(batch)
+    state_shapes, saved_shapes = jax.eval_shape(
+        lambda s: _step(kind, params, x_tm[0], s), states
+    )
     buf_states = tuple(jnp.zeros((time,) + s.shape, dtype) for s in state_shapes)
     if not save:
         buf_states = buf_states[:1]
@@ -385,138 +406,115 @@ def _forward(kind, tiers, x_tm, lengths, states, params, save):
     )
     if not save:
         buf_saved = ()
-    carry = states
-    for k, (start, stop) in enumerate(_bounds(lengths, rows)):
-        n = rows[k]
-        live = lengths[:n, None]
 
-        def body(t, loop, n=n, live=live):
-            state, bufs, saved_bufs = loop
-            new, saved = _step(kind, params, x_tm[t, :, :n], state)
+    def group(j, loop):
+        finals, buf_states, buf_saved = loop
+        first = j * size
+        live = lax.dynamic_slice_in_dim(lengths, first, size)[:, None]
+
+        def step(t, loop):
+            state, buf_states, buf_saved = loop
+            new, saved = _step(kind, params, _at(x_tm, t, first, size), state)
             keep = t < live
             new = tuple(jnp.where(keep, a, b) for a, b in zip(new, state))
-            bufs = tuple(
-                lax.dynamic_update_index_in_dim(b, s, t, 0) for b, s in zip(bufs, new)
+            buf_states = tuple(
+                _put(b, s, t, first) for b, s in zip(buf_states, new)
             )
             if save:
-                saved_bufs = jax.tree.map(
-                    lambda b, s: lax.dynamic_update_index_in_dim(b, s, t, 0),
-                    saved_bufs,
-                    saved,
+                buf_saved = jax.tree.map(
+                    lambda b, s: _put(b, s, t, first), buf_saved, saved
                 )
-            return new, bufs, saved_bufs
+            return new, buf_states, buf_saved
 
-        part = tuple(s[:, :n] for s in carry)
-        part, buf_states, buf_saved = lax.fori_loop(
-            start, stop, body, (part, buf_states, buf_saved)
+        initial = tuple(_rows(s, first, size) for s in states)
+        state, buf_states, buf_saved = lax.fori_loop(
+            0, lengths[first], step, (initial, buf_states, buf_saved)
         )
-        carry = tuple(
-            jnp.concatenate([p, s[:, n:]], axis=1) for p, s in zip(part, carry)
+        finals = tuple(
+            lax.dynamic_update_slice_in_dim(f, s, first, axis=1)
+            for f, s in zip(finals, state)
         )
-    return buf_states[0], carry, (buf_states, buf_saved)
+        return finals, buf_states, buf_saved
+
+    finals, buf_states, buf_saved = lax.fori_loop(
+        0, groups, group, (states, buf_states, buf_saved)
+    )
+    return buf_states[0], finals, (buf_states, buf_saved)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _tiers(kind, tiers, x_tm, lengths, states, params):
-    """The tiered recurrence over sorted, time-major `x_tm`:
-    `(outputs (time, batch, units), final states)`."""
-    ys, finals, _ = _forward(kind, tiers, x_tm, lengths, states, params, save=False)
+def _tiers(kind, groups, x_tm, lengths, states, params):
+    """The grouped recurrence over sorted, time-major `x_tm`:
+    `(outputs (time, directions, batch, units), final states)`."""
+    ys, finals, _ = _forward(kind, groups, x_tm, lengths, states, params, save=False)
     return ys, finals
 
 
-def _tiers_fwd(kind, tiers, x_tm, lengths, states, params):
+def _tiers_fwd(kind, groups, x_tm, lengths, states, params):
     ys, finals, buffers = _forward(
-        kind, tiers, x_tm, lengths, states, params, save=True
+        kind, groups, x_tm, lengths, states, params, save=True
     )
     return (ys, finals), (x_tm, lengths, states, params, buffers)
 
 
-def _tiers_bwd(kind, tiers, residuals, cotangents):
+def _tiers_bwd(kind, groups, residuals, cotangents):
     x_tm, lengths, states, params, (buf_states, buf_saved) = residuals
     d_ys, d_finals = cotangents
     batch = x_tm.shape[2]
-    rows = _groups(batch, tiers)
+    size = batch // groups
     dtype = x_tm.dtype
+    saved0 = jax.tree.map(lambda b: b[0], buf_saved)
     d_pre_shape = jax.eval_shape(
-        lambda: _step_back(
-            kind,
-            params,
-            states,
-            jax.tree.map(lambda b: b[0], buf_saved),
-            states,
-            states,
-        )[1]
+        lambda: _step_back(kind, params, states, saved0, states, states)[1]
     )
-    carry = tuple(jnp.asarray(d, dtype) for d in d_finals)
-    bounds = _bounds(lengths, rows)
+    # Every step's pre-activation gradients (zeros at the steps skipped).
+    d_pre = jnp.zeros(x_tm.shape[:1] + d_pre_shape.shape, dtype)
+    d_finals = tuple(jnp.asarray(d, dtype) for d in d_finals)
 
-    def state_at(t, n):
-        # The states after step t - 1 (the initial ones before step 0).
-        prev = tuple(
-            lax.dynamic_index_in_dim(b, jnp.maximum(t - 1, 0), 0, keepdims=False)[:, :n]
-            for b in buf_states
-        )
-        return tuple(jnp.where(t > 0, p, s[:, :n]) for p, s in zip(prev, states))
+    def group(j, loop):
+        d_initial, d_pre = loop
+        first = j * size
+        live = lax.dynamic_slice_in_dim(lengths, first, size)[:, None]
+        steps = lengths[first]
+        initial = tuple(_rows(s, first, size) for s in states)
 
-    # The gradients of the inputs (a buffer) and of the weights (sums).
-    shapes = jax.eval_shape(
-        lambda: _step_grads(
-            kind,
-            params,
-            x_tm[:1],
-            jnp.zeros((1,) + d_pre_shape.shape, dtype),
-            states[0][None],
-            jax.tree.map(lambda b: b[:1], buf_saved),
-        )
-    )
-    grads = (jnp.zeros_like(x_tm),) + tuple(
-        jnp.zeros(a.shape, a.dtype) for a in shapes[1:]
-    )
-    for k in reversed(range(len(bounds))):
-        start, stop = bounds[k]
-        n = rows[k]
-        live = lengths[:n, None]
-
-        def body(i, loop, n=n, live=live, stop=stop):
-            d_state, grads = loop
-            t = stop - 1 - i
+        def step(i, loop):
+            d_state, d_pre = loop
+            t = steps - 1 - i
             keep = t < live
-            dy = lax.dynamic_index_in_dim(d_ys, t, 0, keepdims=False)[:, :n]
+            dy = _at(d_ys, t, first, size)
             d_in = (d_state[0] + jnp.where(keep, dy, 0),) + d_state[1:]
-            saved = jax.tree.map(
-                lambda b: lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:, :n],
-                buf_saved,
-            )
-            new = tuple(
-                lax.dynamic_index_in_dim(b, t, 0, keepdims=False)[:, :n]
-                for b in buf_states
-            )
-            prev = state_at(t, n)
-            d_prev, d_pre = _step_back(kind, params, d_in, saved, prev, new)
+            saved = jax.tree.map(lambda b: _at(b, t, first, size), buf_saved)
+            new = tuple(_at(b, t, first, size) for b in buf_states)
+            prev = _state_before(buf_states, initial, t, first, size)
+            d_prev, d_step = _step_back(kind, params, d_in, saved, prev, new)
             d_state = tuple(jnp.where(keep, a, b) for a, b in zip(d_prev, d_state))
-            d_pre = jnp.where(keep, d_pre, 0)
-            x_t = lax.dynamic_index_in_dim(x_tm, t, 0, keepdims=True)[:, :, :n]
-            dx, *dw = _step_grads(
-                kind,
-                params,
-                x_t,
-                d_pre[None],
-                prev[0][None],
-                jax.tree.map(lambda a: a[None], saved),
-            )
-            dx_buf = lax.dynamic_update_slice_in_dim(grads[0], dx, t, 0)
-            return d_state, (dx_buf,) + tuple(a + b for a, b in zip(grads[1:], dw))
+            return d_state, _put(d_pre, jnp.where(keep, d_step, 0), t, first)
 
-        part = tuple(d[:, :n] for d in carry)
-        part, grads = lax.fori_loop(0, stop - start, body, (part, grads))
-        carry = tuple(
-            jnp.concatenate([p, d[:, n:]], axis=1) for p, d in zip(part, carry)
+        d_last = tuple(_rows(d, first, size) for d in d_finals)
+        d_state, d_pre = lax.fori_loop(0, steps, step, (d_last, d_pre))
+        d_initial = tuple(
+            lax.dynamic_update_slice_in_dim(d, s, first, axis=1)
+            for d, s in zip(d_initial, d_state)
         )
-    dx, d_kernel, d_rec, d_bias = grads
+        return d_initial, d_pre
+
+    d_initial, d_pre = lax.fori_loop(0, groups, group, (d_finals, d_pre))
+    # The inputs' and the weights' gradients, every step at once.
+    h_prev = jnp.concatenate([states[0][None], buf_states[0][:-1]], axis=0)
+    dx, d_kernel, d_rec, d_bias = _step_grads(
+        kind, params, x_tm, d_pre, h_prev, buf_saved
+    )
     d_params = tuple(
         d.astype(p.dtype) for d, p in zip((d_kernel, d_rec, d_bias), params)
     )
-    return dx, None, carry, d_params
+    return dx, None, d_initial, d_params
+
+
+def _state_before(buf_states, initial, t, first, size):
+    """The states after step `t - 1` of a group (its initial ones at 0)."""
+    before = tuple(_at(b, jnp.maximum(t - 1, 0), first, size) for b in buf_states)
+    return tuple(jnp.where(t > 0, b, s) for b, s in zip(before, initial))
 
 
 _tiers.defvjp(_tiers_fwd, _tiers_bwd)
