@@ -19,8 +19,6 @@ import jax.numpy as jnp
 import keras
 from jax import lax
 
-from maskedrnn.backends.gather import gather_time
-
 KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
 # steps one after another. The compiled program is the same for any number.
@@ -128,15 +126,13 @@ def run(inner, x, lengths, initial_state, groups=None):
     y, [h] = run(gru, x, np.array([5, 2, 0]), [np.zeros((3, 8), "float32")])
     ```
     """
-    (y,), (states,) = run_directions([inner], [x], lengths, [initial_state], groups)
+    y, (states,) = run_directions([inner], x, lengths, [initial_state], groups)
     return y, states
 
 
 def run_one_call(inners, x, steps, initial_states, want_states, groups=None):
-    """Every direction of a call in one tiered recurrence, weights stacked."""
-    xs = [x]
-    if len(inners) == 2:
-        xs.append(gather_time(x, steps.reverse))
+    """Every direction of a call in one tiered recurrence, weights stacked:
+    a second direction reads each row's valid steps last to first."""
     batch = x.shape[0]
     initial = [
         s
@@ -147,10 +143,9 @@ def run_one_call(inners, x, steps, initial_states, want_states, groups=None):
         ]
         for s, inner in zip(initial_states, inners)
     ]
-    ys, states = run_directions(inners, xs, steps.lengths, initial, groups)
-    if len(inners) == 2:
-        ys[1] = gather_time(ys[1], steps.reverse)
-    y = ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=-1)
+    y, states = run_directions(
+        inners, x, steps.lengths, initial, groups, backward=len(inners) == 2
+    )
     return y, [list(s) if want_states else [] for s in states]
 
 
@@ -176,18 +171,26 @@ def _dtype(inner):
     return keras.backend.standardize_dtype(inner.cell.compute_dtype)
 
 
-def run_directions(inners, xs, lengths, initial_states, groups=None):
-    """`run` for several directions at once, one entry per direction."""
+def run_directions(inners, x, lengths, initial_states, groups=None, backward=False):
+    """`run` for one or two directions stacked in one recurrence.
+
+    Every direction reads the valid-first `x`; with `backward`, the second
+    reads each row's valid steps last to first. Returns `(outputs, states)`:
+    the outputs `(batch, time, units * directions)`, each direction's output
+    at the slot of the valid step it read there (directions side by side on
+    the last axis), and one list of final states per direction.
+    """
     dtype = _dtype(inners[0])
-    x_all = jnp.stack([jnp.asarray(x).astype(dtype) for x in xs])
-    batch, time = x_all.shape[1], x_all.shape[2]
+    x = jnp.asarray(x).astype(dtype)
+    batch, time = x.shape[0], x.shape[1]
+    directions = len(inners)
+    units = inners[0].cell.units
     states = [[jnp.asarray(s).astype(dtype) for s in i] for i in initial_states]
     if batch == 0 or time == 0:
-        units = inners[0].cell.units
-        return [jnp.zeros((batch, time, units), dtype) for _ in inners], states
+        return jnp.zeros((batch, time, units * directions), dtype), states
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     # Longest first (stable), and the inverse permutation to put rows back.
-    order = jnp.argsort(-lengths, stable=True)
+    order = jnp.argsort(-lengths, stable=True).astype(jnp.int32)
     inverse = (
         jnp.zeros_like(order)
         .at[order]
@@ -198,9 +201,16 @@ def run_directions(inners, xs, lengths, initial_states, groups=None):
     size = -(-batch // groups)
     groups = -(-batch // size)
     pad = groups * size - batch
-    # (time, directions, batch, features), rows sorted.
-    x_tm = jnp.transpose(_take(x_all, order, 1), (2, 0, 1, 3))
-    x_tm = jnp.pad(x_tm, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
+    # One gather makes the kernel's (time, directions, batch, features)
+    # input: rows sorted (the padding rows read row 0 and never use it),
+    # time-major, a backward direction's steps reversed by length.
+    t = jnp.arange(time, dtype=jnp.int32)[:, None]
+    read = _read_steps(t, sorted_lengths[None], directions, backward)
+    read = jnp.swapaxes(read, 1, 2)
+    rows = jnp.pad(order, (0, pad))[None, None] * time
+    flat = jnp.reshape(x, (batch * time,) + x.shape[2:])
+    x_tm = _take(flat, read + rows, 0)
     sorted_states = tuple(
         jnp.pad(
             jnp.stack([_take(s[k], order, 0) for s in states]),
@@ -208,15 +218,33 @@ def run_directions(inners, xs, lengths, initial_states, groups=None):
         )
         for k in range(len(states[0]))
     )
-    sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
     kind = _kind(inners[0])
     params = _stacked_weights(inners, kind, dtype)
     ys, finals = _tiers(kind, groups, x_tm, sorted_lengths, sorted_states, params)
-    outputs = [
-        _take(jnp.swapaxes(ys[:, d], 0, 1), inverse, 0) for d in range(len(inners))
+    # One gather back: (batch, time, directions) slots of the kernel's
+    # (time, directions, batch) outputs, rows in the caller's order.
+    tb = jnp.arange(time, dtype=jnp.int32)[None]
+    back = _read_steps(tb, lengths[:, None], directions, backward)
+    d = jnp.arange(directions, dtype=jnp.int32)
+    index = (back * directions + d) * (batch + pad) + inverse[:, None, None]
+    ys_flat = jnp.reshape(ys, (-1, units))
+    y = jnp.reshape(_take(ys_flat, index, 0), (batch, time, directions * units))
+    finals = [
+        [_take(s[e], inverse, 0) for s in finals] for e in range(directions)
     ]
-    finals = [[_take(s[d], inverse, 0) for s in finals] for d in range(len(inners))]
-    return outputs, finals
+    return y, finals
+
+
+def _read_steps(t, lengths, directions, backward):
+    """The step each direction reads at slot `t` (broadcast with
+    `lengths`): `t`, or for a backward second direction `lengths - 1 - t`
+    over the valid steps (the padded ones in place), stacked on a new axis
+    after the slots' axes."""
+    reads = [jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))]
+    if directions == 2:
+        reversed_ = jnp.where(t < lengths, lengths - 1 - t, t)
+        reads.append(reversed_ if backward else reads[0])
+    return jnp.stack(reads, axis=-1)
 
 
 def _take(x, index, axis):
