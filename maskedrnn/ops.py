@@ -204,7 +204,8 @@ def valid_first_order(mask):
     >>> order
     [[2, 3, 4, 0, 1]]
     """
-    _, inverse, lengths, order = backends.current().valid_ranks(as_bool(mask))
+    rank, inverse, lengths = valid_ranks(mask)
+    order = backends.current().invert_permutation(inverse)
     return order, inverse, lengths
 
 
@@ -229,7 +230,14 @@ def valid_ranks(mask):
     >>> inverse
     [[3, 0, 4, 1, 2]]
     """
-    rank, inverse, lengths, _ = backends.current().valid_ranks(as_bool(mask))
+    mask = as_bool(mask)
+    m = ops.cast(mask, "int32")
+    lengths = ops.cast(ops.sum(m, axis=1), "int32")
+    rank = ops.cast(ops.cumsum(m, axis=1), "int32") - 1
+    # Padded steps up to t number t - rank, so no second cumulative sum.
+    t = ops.expand_dims(ops.arange(ops.shape(m)[1], dtype="int32"), 0)
+    pad_slot = ops.expand_dims(lengths, 1) + t - rank - 1
+    inverse = ops.cast(ops.where(mask, rank, pad_slot), "int32")
     return rank, inverse, lengths
 
 

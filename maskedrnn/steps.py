@@ -11,7 +11,6 @@ from keras import ops
 
 from maskedrnn import _checks
 from maskedrnn import ops as mops
-from maskedrnn.masking import as_bool
 
 
 class Steps:
@@ -99,9 +98,9 @@ class Steps:
 
     @functools.cached_property
     def _valid_ranks(self):
-        # (rank, inverse, lengths, order), as `ops.valid_ranks` and
-        # `ops.valid_first_order` give them.
-        return _backend().valid_ranks(as_bool(self._mask))
+        rank, inverse, lengths = mops.valid_ranks(self._mask)
+        order = _backend_invert(inverse)
+        return rank, inverse, lengths, order
 
     @functools.cached_property
     def lengths(self):
@@ -189,3 +188,6 @@ def _backend():
 
     return backends.current()
 
+
+def _backend_invert(inverse):
+    return _backend().invert_permutation(inverse)

@@ -261,7 +261,6 @@ def test_every_backend_module_answers_the_same_questions():
         "layout",
         "run_direction",
         "is_concrete",
-        "valid_ranks",
         "invert_permutation",
         "take_rows",
         "gather_or_zero",

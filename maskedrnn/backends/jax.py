@@ -51,25 +51,6 @@ def invert_permutation(perm):
     return ops.reshape(ops.cast(flat, "int32"), shape)
 
 
-def valid_ranks(mask):
-    """`(rank, inverse, lengths, order)` of a bool `(batch, time)` mask, as
-    `keras_kernels.valid_ranks` gives them, from two sorts: the order sorts
-    each row's valid steps before its padded ones (each in time order), the
-    inverse sorts the order back, and a padded step's rank follows from its
-    inverse slot. XLA compiles a sort in one kernel; the running count and
-    the scatter that invert it take about ten."""
-    batch, time = mask.shape
-    t = jnp.arange(time, dtype=jnp.int32)[None]
-    # Unique keys: the order does not depend on the sort's stability.
-    order = jnp.argsort(jnp.where(mask, t, t + time), axis=1).astype(jnp.int32)
-    inverse = jnp.argsort(order, axis=1).astype(jnp.int32)
-    lengths = jnp.sum(mask, axis=1, dtype=jnp.int32)
-    # A padded step's slot is lengths + (padded steps before it), so the
-    # valid steps up to it number t + 1 - (slot - lengths + 1).
-    rank = jnp.where(mask, inverse, t - inverse + lengths[:, None] - 1)
-    return rank, inverse, lengths, order
-
-
 def take_rows(flat, index):
     """`flat[index]`, shape `index.shape + flat.shape[1:]`.
 

@@ -129,22 +129,6 @@ def scalar(value, dtype):
     return keras.ops.cast(value, dtype)
 
 
-def valid_ranks(mask):
-    """`(rank, inverse, lengths, order)` of a bool `(batch, time)` mask, as
-    `maskedrnn.ops.valid_ranks` and `valid_first_order` return them: a
-    running count of the valid steps, and the backend's
-    `invert_permutation` of the inverse for the order."""
-    ops = keras.ops
-    m = ops.cast(mask, "int32")
-    lengths = ops.cast(ops.sum(m, axis=1), "int32")
-    rank = ops.cast(ops.cumsum(m, axis=1), "int32") - 1
-    # Padded steps up to t number t - rank, so no second cumulative sum.
-    t = ops.expand_dims(ops.arange(ops.shape(m)[1], dtype="int32"), 0)
-    pad_slot = ops.expand_dims(lengths, 1) + t - rank - 1
-    inverse = ops.cast(ops.where(mask, rank, pad_slot), "int32")
-    return rank, inverse, lengths, backends.current().invert_permutation(inverse)
-
-
 def gather_or_zero(y, index, keep):
     """`gather_time(y, index)` where the bool `(batch, time_out)` `keep` is
     True, zeros elsewhere, in `keras.ops`: a step of zeros appended to `y`

@@ -21,7 +21,6 @@ KERNELS = (block_lstm.KERNEL, cells.KERNEL, "keras-unmasked", "keras-masked")
 layout = run_direction = keras_kernels.no_caller_order_kernel
 scalar = keras_kernels.scalar
 gather_or_zero = keras_kernels.gather_or_zero
-valid_ranks = keras_kernels.valid_ranks
 ONE_CALL_KERNELS = ()
 run_one_call = keras_kernels.no_one_call_kernel
 one_call_reason = keras_kernels.one_call_reason

@@ -69,9 +69,6 @@ def scalar(value, dtype):
     return torch.full((), value, dtype=getattr(torch, dtype), device=device)
 
 
-valid_ranks = keras_kernels.valid_ranks
-
-
 def invert_permutation(perm):
     """Inverts each row of int32 `(batch, time)` permutations (an argsort)."""
     return ops.cast(ops.argsort(perm, axis=1), "int32")
