@@ -103,14 +103,11 @@ def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=
 def in_place(y, steps):
     """Valid-first outputs back at the caller's positions, zeros at padding
     (the `Bidirectional` convention)."""
-    time = ops.shape(y)[1]
     if steps.inverse is None:
-        index = ops.expand_dims(ops.arange(time, dtype="int32"), 0)
-        valid = steps.valid
-    else:
-        index = steps.inverse
-        valid = index < ops.expand_dims(steps.lengths, 1)
-    return gather_or_zero(y, index, valid)
+        # Valid-first already (right-padded): nothing to move.
+        return zero_padding(y, steps)
+    index = steps.inverse
+    return gather_or_zero(y, index, index < ops.expand_dims(steps.lengths, 1))
 
 
 def gather_or_zero(y, index, keep):
