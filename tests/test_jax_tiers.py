@@ -455,6 +455,18 @@ def test_gpu_plan(monkeypatch):
             assert not reason.blocking and "faster than the tiers" in str(reason)
 
 
+def test_row_groups_on_a_cpu_and_one_elsewhere(monkeypatch):
+    """`GROUPS` row groups on a CPU; on a GPU (made true here) one group,
+    since a step's time there hardly depends on its rows; `kernel_info()`
+    says which."""
+    layer = _layer("gru")
+    assert jax_tiers.default_groups() == jax_tiers.GROUPS > 1
+    assert f"in {jax_tiers.GROUPS} row group(s)" in jax_tiers.describe(layer)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert jax_tiers.default_groups() == 1
+    assert "in 1 row group(s)" in jax_tiers.describe(layer)
+
+
 def test_no_host_sync_and_static_shapes():
     """The lengths may be traced (jit): the program has no callback and its
     output shapes do not depend on them."""
