@@ -143,9 +143,7 @@ def run_one_call(inners, x, steps, initial_states, want_states, groups=None):
         ]
         for s, inner in zip(initial_states, inners)
     ]
-    y, states = run_directions(
-        inners, x, steps.lengths, initial, groups, backward=len(inners) == 2
-    )
+    y, states = run_directions(inners, x, steps.lengths, initial, groups)
     return y, [list(s) if want_states else [] for s in states]
 
 
@@ -171,11 +169,11 @@ def _dtype(inner):
     return keras.backend.standardize_dtype(inner.cell.compute_dtype)
 
 
-def run_directions(inners, x, lengths, initial_states, groups=None, backward=False):
+def run_directions(inners, x, lengths, initial_states, groups=None):
     """`run` for one or two directions stacked in one recurrence.
 
-    Every direction reads the valid-first `x`; with `backward`, the second
-    reads each row's valid steps last to first. Returns `(outputs, states)`:
+    The first direction reads the valid-first `x`; a second one reads each
+    row's valid steps last to first. Returns `(outputs, states)`:
     the outputs `(batch, time, units * directions)`, each direction's output
     at the slot of the valid step it read there (directions side by side on
     the last axis), and one list of final states per direction.
@@ -206,7 +204,7 @@ def run_directions(inners, x, lengths, initial_states, groups=None, backward=Fal
     # input: rows sorted (the padding rows read row 0 and never use it),
     # time-major, a backward direction's steps reversed by length.
     t = jnp.arange(time, dtype=jnp.int32)[:, None]
-    read = _read_steps(t, sorted_lengths[None], directions, backward)
+    read = _read_steps(t, sorted_lengths[None], directions)
     read = jnp.swapaxes(read, 1, 2)
     rows = jnp.pad(order, (0, pad))[None, None] * time
     flat = jnp.reshape(x, (batch * time,) + x.shape[2:])
@@ -224,7 +222,7 @@ def run_directions(inners, x, lengths, initial_states, groups=None, backward=Fal
     # One gather back: (batch, time, directions) slots of the kernel's
     # (time, directions, batch) outputs, rows in the caller's order.
     tb = jnp.arange(time, dtype=jnp.int32)[None]
-    back = _read_steps(tb, lengths[:, None], directions, backward)
+    back = _read_steps(tb, lengths[:, None], directions)
     d = jnp.arange(directions, dtype=jnp.int32)
     index = (back * directions + d) * (batch + pad) + inverse[:, None, None]
     ys_flat = jnp.reshape(ys, (-1, units))
@@ -235,15 +233,14 @@ def run_directions(inners, x, lengths, initial_states, groups=None, backward=Fal
     return y, finals
 
 
-def _read_steps(t, lengths, directions, backward):
+def _read_steps(t, lengths, directions):
     """The step each direction reads at slot `t` (broadcast with
-    `lengths`): `t`, or for a backward second direction `lengths - 1 - t`
-    over the valid steps (the padded ones in place), stacked on a new axis
-    after the slots' axes."""
+    `lengths`): `t`, and for a second direction `lengths - 1 - t` over the
+    valid steps (the padded ones in place), stacked on a new axis after the
+    slots' axes."""
     reads = [jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))]
     if directions == 2:
-        reversed_ = jnp.where(t < lengths, lengths - 1 - t, t)
-        reads.append(reversed_ if backward else reads[0])
+        reads.append(jnp.where(t < lengths, lengths - 1 - t, t))
     return jnp.stack(reads, axis=-1)
 
 

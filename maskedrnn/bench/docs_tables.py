@@ -96,7 +96,6 @@ def load_results(path):
     raise KeyError(f"{path} has no timing case {case!r}")
 
 
-
 def _cell(value, limit):
     """The cell of a rounded ratio `value` (a string), with its verdict when
     the row has a target `limit` (a float, else None)."""
