@@ -407,11 +407,76 @@ def test_tiers_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
 
 
 def test_eager_gradients_over_several_shapes(cell):
-    """Eagerly the step loops run as graphs traced with relaxed shapes
-    (`tf.function(reduce_retracing=True)`): every shape still gives Keras'
-    gradients."""
+    """Eagerly the step loops run as graphs traced once with the rows and
+    steps unknown: every shape still gives Keras' gradients."""
     for batch, time in [(16, 5), (9, 8), (24, 3)]:
         ours, ref = pair(cell, "rnn")
         x = inputs(batch, batch=batch, time=time)
         with backends.force(KERNEL):
             assert_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))
+
+
+@pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
+def test_step_loops_traced_once_per_sizes(cell_name, monkeypatch):
+    """The forward and the backward step loops are graphs traced once per
+    sizes and dtype with the rows and steps unknown: every tier and
+    direction calls that trace (in a `tf.function` their copies are
+    inlined), and a stacked layer of other units gets its own. Outputs and
+    every gradient equal Keras' masked layers'."""
+    from maskedrnn.backends import tensorflow_cells
+
+    prefix = "_GRU" if cell_name == "gru" else "_RNN"
+    loops = {}
+    for name in (f"{prefix}_FORWARD", f"{prefix}_BACKWARD"):
+        # A new copy with all of its options: no trace of another test.
+        loops[name] = getattr(tensorflow_cells, name)._clone(None)
+        monkeypatch.setattr(tensorflow_cells, name, loops[name])
+    kind, kw = CELLS[cell_name]
+    batch, time, units = 70, 9, [U, U + 3]
+    ours = [
+        MaskedBidirectional(kind(u, return_sequences=True, **kw)) for u in units
+    ]
+    refs = [
+        keras.layers.Bidirectional(
+            inner(cell_name, True, return_sequences=True)
+            if u == U
+            else kind(u, return_sequences=True, **_oracle_kw(kind, kw))
+        )
+        for u in units
+    ]
+    for i, (a, e) in enumerate(zip(ours, refs)):
+        shape = (None, None, D if i == 0 else 2 * units[0])
+        e.build(shape)
+        a.build(shape)
+        a.set_weights(e.get_weights())
+    x = tf.constant(inputs(5, batch=batch, time=time))
+    mask = tf.constant(tier_mask(batch, time, seed=3))
+    weight = tf.constant(
+        np.random.default_rng(4).standard_normal((batch, time, 2 * units[1])),
+        "float32",
+    )
+
+    def step(layers):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layers[1](layers[0](x, mask=mask), mask=mask)
+            loss = tf.reduce_sum(y * weight)
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        return y, tape.gradient(loss, [x] + variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    # 2 tiers in each of 4 directions, each loop traced twice (once per
+    # layer's units).
+    for name, loop in loops.items():
+        assert loop.experimental_get_tracing_count() == 2, name
+    want, want_grads = step(refs)
+    for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"tensor {i}"
+        )
+
+
+def _oracle_kw(kind, kw):
+    return {**kw, "use_cudnn": False} if kind is keras.layers.GRU else dict(kw)

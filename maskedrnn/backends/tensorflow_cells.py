@@ -207,7 +207,7 @@ def _gru_forward(xp, h0, u, bh, reset_after, units):
     return _scan(step, h0, x_zr_h, [units])[1][0]
 
 
-def _gru_backward(xp, h0, u, bh, hs, dhs, reset_after, units):
+def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units):
     """Gradients w.r.t. `(xp, h0, u, bh)`: gates recomputed, `dh` carried back."""
     dtype = xp.dtype
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
@@ -274,7 +274,7 @@ def _rnn_forward(xp, h0, u, units):
     return _scan(step, h0, [xp], [units])[1][0]
 
 
-def _rnn_backward(xp, h0, u, hs, dhs, units):
+def _rnn_backward(xp, h0, hs, dhs, u, units):
     """The gradients of `_rnn_forward`'s outputs w.r.t. `(xp, h0, u)`."""
     dtype = xp.dtype
     u_t = tf.transpose(u)
@@ -288,26 +288,45 @@ def _rnn_backward(xp, h0, u, hs, dhs, units):
     return d, dh0, tf.cast(_sum_matmul(h_prev, d), dtype)
 
 
-# Eagerly, the step loops run as graphs (a Python loop of ops otherwise);
-# they are written with tf.while_loop and tf.cond, so autograph is off.
-_GRAPHS = {
-    f: tf.function(f, reduce_retracing=True, autograph=False)
-    for f in (_gru_forward, _gru_backward, _rnn_forward, _rnn_backward)
-}
+def _shared_graph(function):
+    """`function` as one graph that every call of the same widths, dtypes
+    and Python arguments runs (see `_call`)."""
+    return tf.function(function, autograph=False)
 
 
-def _call(f, *args):
-    return (_GRAPHS[f] if tf.executing_eagerly() else f)(*args)
+# The step loops, each traced once per process for every tier, direction
+# and tf.function (in a tf.function each call is a copy of that trace,
+# inlined and optimised with the graph around it). Eagerly they run as
+# graphs, not as a Python loop of ops. They are written with tf.while_loop
+# and tf.cond, so autograph is off.
+_GRU_FORWARD = _shared_graph(_gru_forward)
+_GRU_BACKWARD = _shared_graph(_gru_backward)
+_RNN_FORWARD = _shared_graph(_rnn_forward)
+_RNN_BACKWARD = _shared_graph(_rnn_backward)
+
+
+def _call(function, sequences, others):
+    """`function(*sequences, *others)`, the shared graph traced for any rows
+    and steps: each of `sequences` (the tensors of a tier's rows and steps)
+    has every dimension but its last unknown in the trace; the weights and
+    Python values of `others` are part of it as they are."""
+    specs = [
+        tf.TensorSpec([None] * (t.shape.rank - 1) + t.shape[-1:], t.dtype)
+        for t in sequences
+    ]
+    function.get_concrete_function(*specs, *others)
+    return function(*sequences, *others)
 
 
 def _gru_recurrence(xp, h0, u, bh, reset_after):
     @tf.custom_gradient
     def recurrence(xp, h0, u, bh):
         units = u.shape[0]
-        hs = _call(_gru_forward, xp, h0, u, bh, reset_after, units)
+        hs = _call(_GRU_FORWARD, (xp, h0), (u, bh, reset_after, units))
 
         def grad(dhs):
-            return _call(_gru_backward, xp, h0, u, bh, hs, dhs, reset_after, units)
+            sequences = (xp, h0, hs, dhs)
+            return _call(_GRU_BACKWARD, sequences, (u, bh, reset_after, units))
 
         return hs, grad
 
@@ -318,10 +337,10 @@ def _rnn_recurrence(xp, h0, u):
     @tf.custom_gradient
     def recurrence(xp, h0, u):
         units = u.shape[0]
-        hs = _call(_rnn_forward, xp, h0, u, units)
+        hs = _call(_RNN_FORWARD, (xp, h0), (u, units))
 
         def grad(dhs):
-            return _call(_rnn_backward, xp, h0, u, hs, dhs, units)
+            return _call(_RNN_BACKWARD, (xp, h0, hs, dhs), (u, units))
 
         return hs, grad
 
