@@ -175,25 +175,35 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     gate_grads = tf.TensorArray(
         dtype, size=steps, element_shape=tf.TensorShape([None, 4 * units])
     )
+    one = tf.constant([1])
 
     def step(t, dh, dc, gate_grads):
+        # Step t of each tensor, its slice's bounds shared: `x[t]` would add
+        # three ops and three constants per tensor to every copy of the loop.
+        begin = tf.expand_dims(t, 0)
+        end = begin + 1
+        at = []
+        for v in (cs_prev, h_prev, i, cs, f, o, ci, co, cs_grad, h_grad):
+            at.append(tf.strided_slice(v, begin, end, one, shrink_axis_mask=1))
+            # Its shape, which TensorFlow cannot infer from tensor bounds.
+            at[-1].set_shape(v.shape[1:])
         dc, dicfo, _, _, _ = tf.raw_ops.LSTMBlockCellGrad(
             x=no_x,
-            cs_prev=cs_prev[t],
-            h_prev=h_prev[t],
+            cs_prev=at[0],
+            h_prev=at[1],
             w=w_h,
             wci=no_peephole,
             wcf=no_peephole,
             wco=no_peephole,
             b=zero_bias,
-            i=i[t],
-            cs=cs[t],
-            f=f[t],
-            o=o[t],
-            ci=ci[t],
-            co=co[t],
-            cs_grad=cs_grad[t] + dc,
-            h_grad=h_grad[t] + dh,
+            i=at[2],
+            cs=at[3],
+            f=at[4],
+            o=at[5],
+            ci=at[6],
+            co=at[7],
+            cs_grad=at[8] + dc,
+            h_grad=at[9] + dh,
             use_peephole=False,
         )
         dh = tf.matmul(dicfo, w_h_icfo)
