@@ -445,19 +445,23 @@ def test_eager_gradients_over_several_shapes():
             assert_matches(ours, ref, x.astype("float32"), mask=mask)
 
 
-def test_gradient_traced_once_per_sizes(monkeypatch):
+@pytest.mark.parametrize("batch, called", [(37, False), (70, True)])
+def test_gradient_traced_once_per_sizes(batch, called, monkeypatch):
     """The gradient's step loop is one graph traced once per sizes (features,
     units) with the steps and rows unknown: every tier and direction calls
     that trace, tiers of unequal rows and steps alike, and a stacked layer
-    of other sizes in the same function gets its own. Outputs and every
-    gradient equal Keras' masked layers'."""
+    of other sizes in the same function gets its own. A direction of 2
+    tiers inlines it, one of 4 calls it (`INLINED_TIERS`). Outputs and
+    every gradient equal Keras' masked layers'."""
     from maskedrnn.backends import tensorflow_block_lstm
 
-    # A new copy of the module's graph, with all of its options: no trace
-    # of another test is reused.
-    fresh = tensorflow_block_lstm._BACKWARD._clone(None)
-    monkeypatch.setattr(tensorflow_block_lstm, "_BACKWARD", fresh)
-    batch, time, units = 37, 9, [U, U + 3]
+    # New copies of the module's graphs, with all of their options: no
+    # trace of another test is reused.
+    graphs = {}
+    for name in ("_BACKWARD", "_BACKWARD_CALLED"):
+        graphs[name] = getattr(tensorflow_block_lstm, name)._clone(None)
+        monkeypatch.setattr(tensorflow_block_lstm, name, graphs[name])
+    time, units = 9, [U, U + 3]
     ours = [
         MaskedBidirectional(keras.layers.LSTM(u, return_sequences=True))
         for u in units
@@ -492,8 +496,10 @@ def test_gradient_traced_once_per_sizes(monkeypatch):
     with backends.record() as plans:
         got, got_grads = tf.function(step)(ours)
     assert kernels_of(plans) == {KERNEL}
-    # 2 tiers in each of 4 directions, traced twice (once per layer).
-    assert fresh.experimental_get_tracing_count() == 2
+    # 2 or 4 tiers in each of 4 directions, traced twice (once per layer).
+    used, unused = ("_BACKWARD_CALLED", "_BACKWARD")[:: 1 if called else -1]
+    assert graphs[used].experimental_get_tracing_count() == 2
+    assert graphs[unused].experimental_get_tracing_count() == 0
     want, want_grads = step(refs)
     for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
         np.testing.assert_allclose(

@@ -97,11 +97,9 @@ def constants(weights):
     return w_h, w_h_icfo, tf.zeros((units,), weights.dtype)
 
 
-def block_lstm(x, h0, c0, weights, bias, shared=None):
-    """`BlockLSTMV2` over every step of time-major `x`, with its gradient.
-
-    TensorFlow registers `BlockLSTM`'s gradient for `BlockLSTMV2` too, whose
-    gate order differs, so it is wrong; `_backward` replaces it.
+def block_lstm(x, h0, c0, weights, bias, no_peephole):
+    """`BlockLSTMV2` over every step of time-major `x`, with no gradient of
+    its own (`tiered` holds the gradient of every tier).
 
     Args:
         x: `(time, batch, features)`; every step is run.
@@ -109,56 +107,133 @@ def block_lstm(x, h0, c0, weights, bias, shared=None):
         weights: `(features + units, 4 * units)`, `concat([kernel,
             recurrent_kernel])`, gates in Keras' order (i, f, c, o).
         bias: `(4 * units,)`.
-        shared: `constants(weights)`, or None to build them here.
+        no_peephole: `(units,)` zeros.
 
     Returns:
-        `(cs, h)`: the cell states and outputs of every step, each
-        `(time, batch, units)`.
+        The op's seven outputs `(i, cs, f, o, ci, co, h)`, each `(time,
+        batch, units)`: `cs` the cell states and `h` the outputs.
     """
-    if shared is None:
-        shared = constants(weights)
-
-    @tf.custom_gradient
-    def fused(x, h0, c0, weights, bias):
-        no_peephole = shared[2]
-        gates = tf.raw_ops.BlockLSTMV2(
-            seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
-            x=x,
-            cs_prev=c0,
-            h_prev=h0,
-            w=weights,
-            wci=no_peephole,
-            wcf=no_peephole,
-            wco=no_peephole,
-            b=bias,
-            use_peephole=False,
-            cell_clip=-1.0,  # <= 0: no clipping of the cell state
-        )
-        cs, h = gates[1], gates[6]
-        # Static: the gradient's graph may be traced with relaxed shapes.
-        units = weights.shape[1] // 4
-        sizes = (weights.shape[0] - units, units)
-
-        def grad(cs_grad, h_grad):
-            if cs_grad is None:
-                cs_grad = tf.zeros_like(cs)
-            if h_grad is None:
-                h_grad = tf.zeros_like(h)
-            args = (x, h0, c0, weights, gates, cs_grad, h_grad, shared)
-            return _backward_graph(*args, sizes)
-
-        return (cs, h), grad
-
-    return fused(x, h0, c0, weights, bias)
+    return tf.raw_ops.BlockLSTMV2(
+        seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
+        x=x,
+        cs_prev=c0,
+        h_prev=h0,
+        w=weights,
+        wci=no_peephole,
+        wcf=no_peephole,
+        wco=no_peephole,
+        b=bias,
+        use_peephole=False,
+        cell_clip=-1.0,  # <= 0: no clipping of the cell state
+    )
 
 
-def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
-    """The gradients of `block_lstm` w.r.t. `(x, h0, c0, weights, bias)`.
+def tiered(weights, bias):
+    """The `run_tiers` recurrence of one LSTM direction: a `BlockLSTMV2` per
+    tier, all of them under one gradient.
+
+    TensorFlow registers `BlockLSTM`'s gradient for `BlockLSTMV2` too, whose
+    gate order differs, so it is wrong; and `BlockLSTMGradV2` computes the
+    inputs' and weights' gradients step by step. `_backward` replaces
+    both, tier by tier from the last, the gradient of each tier's initial
+    states carried into the tier before. One gradient for the whole
+    direction, not one per tier: the sorting, splitting and padding
+    between the tiers then have no gradient graph of their own to trace.
+
+    Args:
+        weights: `(features + units, 4 * units)`, `concat([kernel,
+            recurrent_kernel])`, gates in Keras' order (i, f, c, o).
+        bias: `(4 * units,)`.
+
+    Returns:
+        `recurrence(x, steps, [h0, c0], rows) -> [h, cs]`, as
+        `tiers.run_tiers` calls it: every tier's outputs and cell states.
+    """
+    shared = constants(weights)
+    # Static: the gradient's graph may be traced with relaxed shapes.
+    units = weights.shape[1] // 4
+    sizes = (weights.shape[0] - units, units)
+
+    def recurrence(x, steps, states, rows):
+        count = len(rows)
+        pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
+        # The paddings taking tier k + 1's rows to tier k's, on a 2-d tensor.
+        pads_2d = [
+            tf.reshape(tf.stack([0, rows[k] - rows[k + 1], 0, 0]), (2, 2))
+            for k in range(count - 1)
+        ]
+
+        @tf.custom_gradient
+        def run(x, h0, c0, weights, bias):
+            segments = tf.split(x, steps, num=count + 1)
+            xs, ins, gates = [], [(h0, c0)], []
+            for k, rows_k in enumerate(rows):
+                x_k = segments[k]
+                if k:
+                    x_k = tiers.first_rows(x_k, rows_k)
+                    last = gates[-1]
+                    ins.append(tiers.states_after(ins[-1], [last[6], last[1]], rows_k))
+                xs.append(x_k)
+                gates.append(block_lstm(x_k, *ins[-1], weights, bias, shared[2]))
+            h, cs = (tiers.full([g[j] for g in gates], pads) for j in (6, 1))
+
+            def grad(h_grad, cs_grad):
+                if h_grad is None:
+                    h_grad = tf.zeros_like(h)
+                if cs_grad is None:
+                    cs_grad = tf.zeros_like(cs)
+                # Each tier's steps and rows of the outputs' gradients.
+                split = [
+                    tf.split(g, steps[:count], num=count) if count > 1 else [g]
+                    for g in (h_grad, cs_grad)
+                ]
+                x_grads, weights_grad, bias_grad = [None] * count, 0, 0
+                carried = [tf.zeros_like(ins[-1][0])] * 2
+                for k in reversed(range(count)):
+                    if k < count - 1:
+                        # Rows that leave after tier k carry no gradient.
+                        carried = [tf.pad(c, pads_2d[k]) for c in carried]
+                    h_k, cs_k = (
+                        tiers.first_rows(g[k], rows[k]) if k else g[k] for g in split
+                    )
+                    x_grad, *carried, w_grad, b_grad = _backward_graph(
+                        xs[k],
+                        *ins[k],
+                        weights,
+                        gates[k],
+                        cs_k,
+                        h_k,
+                        carried,
+                        shared,
+                        sizes,
+                        count,
+                    )
+                    x_grads[k] = x_grad
+                    weights_grad += w_grad
+                    bias_grad += b_grad
+                past = tf.zeros(
+                    tf.concat([steps[count:], tf.shape(x)[1:]], 0), x.dtype
+                )
+                x_grad = tf.concat([tiers.full(x_grads, pads), past], 0)
+                return x_grad, *carried, weights_grad, bias_grad
+
+            return (h, cs), grad
+
+        return list(run(x, *states, weights, bias))
+
+    return recurrence
+
+
+def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes):
+    """The gradients of one tier's `block_lstm` w.r.t. `(x, h0, c0,
+    weights, bias)`.
 
     `gates` are `BlockLSTMV2`'s outputs `(i, cs, f, o, ci, co, h)`;
-    `cs_grad`, `h_grad` may be None; `shared` the direction's `constants`;
-    `sizes` the ints `(features, units)`. `LSTMBlockCellGrad` (gates i, c,
-    f, o) steps back one step at a time.
+    `cs_grad`, `h_grad` the gradients of its `cs` and `h`; `carried` the
+    gradients `(dh, dc)` of the states after its last step reaching it from
+    the tiers after; `shared` the direction's `constants`; `sizes` the ints
+    `(features, units)`. `LSTMBlockCellGrad` (gates i, c, f, o) steps back
+    one step at a time.
     """
     i, cs, f, o, ci, co, h = gates
     dtype = x.dtype
@@ -212,7 +287,7 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     _, h0_grad, c0_grad, gate_grads = tf.while_loop(
         lambda t, *_: t >= 0,
         step,
-        (steps - 1, tf.zeros_like(h0), tf.zeros_like(c0), gate_grads),
+        (steps - 1, *carried, gate_grads),
     )
     gate_grads = tiers.stacked(gate_grads, steps, rows, 4 * units, dtype)
     d_i, d_c, d_f, d_o = tf.split(gate_grads, 4, axis=2)
@@ -238,18 +313,25 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
     )
 
 
-# One graph, not inlined: its step loop is optimised once and called by
-# every tier and direction, where an inlined copy would be optimised per call.
-_BACKWARD = tf.function(
+# One graph, traced once per sizes for every tier and direction of every
+# layer. A direction of at most `INLINED_TIERS` tiers inlines a copy of it
+# per tier, optimised with the graph around it; more tiers call the one
+# graph, optimised once (`_noinline`), where copies would each be
+# optimised again.
+INLINED_TIERS = 2
+_BACKWARD = tf.function(_backward, autograph=False)
+_BACKWARD_CALLED = tf.function(
     _backward, autograph=False, experimental_attributes={"_noinline": True}
 )
 
 
-def _backward_graph(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
+def _backward_graph(
+    x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes, tiers
+):
     """`_backward` as one traced graph for every tier and direction of the
-    same sizes. The tiers differ in steps and rows, so the graph is traced
-    once with those dimensions unknown, and every tier calls that trace:
-    the step loop is traced once, not once per tier and direction."""
+    same sizes, inlined or called as `tiers` (the direction's tier count)
+    asks. The tiers differ in steps and rows, so the graph is traced once
+    with those dimensions unknown, and every tier calls that trace."""
     rows = tf.TensorSpec((None, sizes[1]), h0.dtype)
     steps = tf.TensorSpec((None, None, sizes[1]), x.dtype)
     specs = (
@@ -260,13 +342,13 @@ def _backward_graph(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes):
         (steps,) * len(gates),
         steps,
         steps,
+        (rows, rows),
         tuple(tf.TensorSpec(t.shape, t.dtype) for t in shared),
     )
-    # Traced at the first call; every later call with these specs and
-    # sizes, of any steps and rows, runs that trace.
-    _BACKWARD.get_concrete_function(*specs, sizes)
-    gates = tuple(gates)
-    return _BACKWARD(x, h0, c0, weights, gates, cs_grad, h_grad, shared, sizes)
+    graph = _BACKWARD if tiers <= INLINED_TIERS else _BACKWARD_CALLED
+    graph.get_concrete_function(*specs, sizes)
+    args = (x, h0, c0, weights, tuple(gates), cs_grad, h_grad, tuple(carried))
+    return graph(*args, shared, sizes)
 
 
 def run(inner, x, initial_state, steps, want_states):
@@ -302,17 +384,11 @@ def run(inner, x, initial_state, steps, want_states):
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype)
     lengths = tf.cast(steps.lengths, "int32")
-    shared = constants(weights)
-
-    def segment(x_k, states):
-        cs_k, h_k = block_lstm(x_k, states[0], states[1], weights, bias, shared)
-        return [h_k, cs_k]
-
     y, others = tiers.run_tiers(
         x,
         [h0, c0],
         lengths,
-        segment,
+        tiered(weights, bias),
         tiers.tier_count(x.shape[0], TIER_ROWS),
         want_states,
     )

@@ -402,7 +402,7 @@ def run(inner, x, initial_state, steps, want_states):
         x,
         [h0],
         tf.cast(steps.lengths, "int32"),
-        _segment(cell, dtype),
+        tiers.chained(_segment(cell, dtype)),
         tiers.tier_count(x.shape[0], TIER_ROWS),
         want_states=False,
     )

@@ -1,8 +1,10 @@
 """Length tiers: the scheduler shared by TensorFlow's tiered RNN kernels.
 
 Rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
-group of rows leaves once its longest row has ended. The LSTM and the GRU
-and SimpleRNN cells differ only in the `segment` that runs one tier.
+group of rows leaves once its longest row has ended. The kernels differ in
+the `recurrence` that runs the tiers: the GRU and SimpleRNN run one
+`segment` per tier (`chained`), each with its own gradient; the LSTM runs
+every tier of a direction under one gradient.
 
 The tier count comes from what is known at trace time (`tier_count`): tiers
 of at least a cell's `rows_per_tier` rows, a batch of unknown size taken as
@@ -109,8 +111,8 @@ def in_xla_context():
     return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
-def run_tiers(x, states, lengths, segment, tiers, want_states):
-    """`segment` over batch-major valid-first `x` in `tiers` tiers.
+def run_tiers(x, states, lengths, recurrence, tiers, want_states):
+    """`recurrence` over batch-major valid-first `x` in `tiers` tiers.
 
     Tier k runs the sorted rows `[0, m_k)` from where tier k - 1 stopped
     until the longest row outside it ends. Steps past a row's length give
@@ -121,9 +123,14 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
         states: List of `(batch, units_i)` initial states; `states[0]` is
             the output (`h`).
         lengths: int32 `(batch,)`.
-        segment: `segment(x_k, states_k) -> sequences`: the recurrence
-            over time-major `x_k` `(steps, rows, features)`, one
-            `(steps, rows, units_i)` sequence per state.
+        recurrence: `recurrence(x, steps, states, rows) -> sequences`: runs
+            every tier over the time-major, sorted `x` `(time, batch,
+            features)`, tier k over the next `steps[k]` steps and the rows
+            `[0, rows[k])`, from the states after the tier before
+            (`states` before tier 0); `steps` ends with the steps past
+            every tier, `rows` (Python ints or scalars) has one entry per
+            tier. Returns one `(tiers' steps, batch, units_i)` sequence per
+            state, tier after tier (`full`).
         tiers: Python int, the number of tiers (`tier_count`).
         want_states: Whether the final states other than `h` are wanted.
 
@@ -150,37 +157,12 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
         # Sorted, the longest row of rows [m, batch) is row m.
         ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
     starts = tf.concat([[0], ends[:-1]], axis=0)
-    sizes = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
-    segments = tf.split(tf.transpose(x, (1, 0, 2)), sizes, num=tiers + 1)
-    hs, others = [], [[] for _ in states[1:]]
-    # The slices below share these tensors: a Python slice of a tensor adds
-    # three constants to the graph each time, and its gradient more ops.
-    slices = [tf.constant(v) for v in ([0, 0], [1, 1], [-1, 0], [-1], [0], [1])]
-    sequences = []
-    for k in range(tiers):
-        x_k = segments[k]
-        if k:
-            # Rows [0, rows[k]) of the tier's steps, and of the states after
-            # the tier before.
-            end = tf.stack([0, rows[k]])
-            x_k = tf.strided_slice(
-                x_k, slices[0], end, slices[1], begin_mask=1, end_mask=1
-            )
-            states = [
-                _state_after(s, seq, end, slices)
-                for s, seq in zip(states, sequences)
-            ]
-        sequences = segment(x_k, states)
-        for kept, seq in zip(others, sequences[1:]):
-            kept.append(seq)
-        h_k = sequences[0]
-        if k:
-            h_k = tf.pad(h_k, [[0, 0], [0, batch - rows[k]], [0, 0]])
-        hs.append(h_k)
-    past = tf.zeros((sizes[tiers], batch, hs[0].shape[-1]), hs[0].dtype)
-    h = tf.transpose(tf.concat(hs + [past], axis=0), (1, 0, 2))
+    steps = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
+    sequences = recurrence(tf.transpose(x, (1, 0, 2)), steps, states, rows[:tiers])
+    past = tf.zeros((steps[tiers], batch, sequences[0].shape[-1]), x.dtype)
+    h = tf.transpose(tf.concat([sequences[0], past], axis=0), (1, 0, 2))
     if want_states:
-        others = [_last_states(seqs, lengths, starts, ends, rows) for seqs in others]
+        others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
     else:
         others = None
     if order is not None:
@@ -190,36 +172,71 @@ def run_tiers(x, states, lengths, segment, tiers, want_states):
     return h, others
 
 
-def _state_after(state, seq, end, slices):
-    """Rows `[0, end[1])` of the state after the last step of `seq`
-    (`state` where `seq` has no steps); `slices` the constant tensors of
-    `run_tiers`."""
-    _, step, last, last_1, first_1, step_1 = slices
-    # seq[-1:]: its last step, or none.
-    final = tf.strided_slice(seq, last_1, first_1, step_1, end_mask=1)
-    both = tf.concat([tf.expand_dims(state, 0), final], axis=0)
-    return tf.strided_slice(both, last, end, step, shrink_axis_mask=1)
+def chained(segment):
+    """The `recurrence` of `run_tiers` that runs `segment(x_k, states_k)
+    -> sequences` on each tier's steps and rows in turn, each call with its
+    own gradient, the states passed on by `states_after`."""
+
+    def recurrence(x, steps, states, rows):
+        segments = tf.split(x, steps, num=len(rows) + 1)
+        per_tier = []
+        for k, rows_k in enumerate(rows):
+            x_k = segments[k]
+            if k:
+                x_k = first_rows(x_k, rows_k)
+                states = states_after(states, per_tier[-1], rows_k)
+            per_tier.append(segment(x_k, states))
+        pads = paddings(x.shape[1] or tf.shape(x)[1], rows)
+        return [full([s[i] for s in per_tier], pads) for i in range(len(states))]
+
+    return recurrence
 
 
-def _last_states(seqs, lengths, starts, ends, rows):
-    """Each sorted row's final state: one gather over the tiers' sequences."""
-    units = seqs[0].shape[-1]
-    flat = [tf.reshape(seq, (-1, units)) for seq in seqs]
-    counts = tf.stack([tf.cast(r, "int32") for r in rows[:-1]])
-    offsets = tf.cumsum((ends - starts) * counts, exclusive=True)
-    total = tf.reduce_sum((ends - starts) * counts)
-    flat = tf.concat(flat + [tf.zeros((1, units), seqs[0].dtype)], axis=0)
-    last = lengths - 1
-    # The tier holding step `last`: the tiers that end at or before it.
-    tier = tf.searchsorted(ends, tf.maximum(last, 0), side="right")
-    tier = tf.minimum(tier, len(seqs) - 1)
-    row = tf.range(tf.shape(lengths)[0], dtype="int32")
-    index = (
-        tf.gather(offsets, tier)
-        + (last - tf.gather(starts, tier)) * tf.gather(counts, tier)
-        + row
+def first_rows(x, rows):
+    """Rows `[0, rows)` of time-major `x`: one op, where `x[:, :rows]` is
+    three more and its gradient more again."""
+    return tf.strided_slice(
+        x, [0, 0], tf.stack([0, rows]), [1, 1], begin_mask=1, end_mask=1
     )
-    return tf.gather(flat, tf.where(last >= 0, index, total))
+
+
+def states_after(states, sequences, rows):
+    """Rows `[0, rows)` of the states after the last step of a tier's
+    `sequences` (`states` where the tier has no steps)."""
+    last, end, step = tf.constant([-1, 0]), tf.stack([0, rows]), tf.constant([1, 1])
+    last_1, first_1, step_1 = tf.constant([-1]), tf.constant([0]), tf.constant([1])
+    after = []
+    for state, seq in zip(states, sequences):
+        # seq[-1:]: its last step, or none.
+        final = tf.strided_slice(seq, last_1, first_1, step_1, end_mask=1)
+        both = tf.concat([tf.expand_dims(state, 0), final], axis=0)
+        after.append(tf.strided_slice(both, last, end, step, shrink_axis_mask=1))
+    return after
+
+
+def paddings(batch, rows):
+    """The `tf.pad` paddings taking each tier's `rows` to `batch` rows (on
+    the second axis of a 3-d tensor), for `full`."""
+    return [
+        tf.reshape(tf.stack([0, 0, 0, batch - r, 0, 0]), (3, 2)) for r in rows[1:]
+    ]
+
+
+def full(per_tier, pads):
+    """Tier k's `(steps_k, rows[k], width)` tensors as one `(steps, batch,
+    width)` tensor, tier after tier on the time axis, zeros at the rows of
+    no tier; `pads` from `paddings`."""
+    padded = [per_tier[0]] + [tf.pad(t, p) for t, p in zip(per_tier[1:], pads)]
+    return padded[0] if len(padded) == 1 else tf.concat(padded, axis=0)
+
+
+def _last_states(seq, lengths, batch):
+    """Each sorted row's state after its last step: one gather from `seq`
+    `(steps, batch, units)` (any value for a row of length 0)."""
+    units = seq.shape[-1]
+    flat = tf.concat([tf.reshape(seq, (-1, units)), tf.zeros((1, units), seq.dtype)], 0)
+    index = (lengths - 1) * batch + tf.range(batch)
+    return tf.gather(flat, tf.where(lengths > 0, index, tf.shape(flat)[0] - 1))
 
 
 def _permute_rows(x, order, inverse):
