@@ -480,3 +480,39 @@ def test_step_loops_traced_once_per_sizes(cell_name, monkeypatch):
 
 def _oracle_kw(kind, kw):
     return {**kw, "use_cudnn": False} if kind is keras.layers.GRU else dict(kw)
+
+
+@pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
+def test_step_loops_run_once_are_traced_in_place(cell_name, monkeypatch):
+    """A one-direction layer of one tier runs each step loop once: in a
+    `tf.function` its ops are traced in place, the shared graphs never
+    traced. Outputs and every gradient equal Keras' masked layer's."""
+    from maskedrnn.backends import tensorflow_cells
+
+    prefix = "_GRU" if cell_name == "gru" else "_RNN"
+    loops = {}
+    for name in (f"{prefix}_FORWARD", f"{prefix}_BACKWARD"):
+        loops[name] = getattr(tensorflow_cells, name)._clone(None)
+        monkeypatch.setattr(tensorflow_cells, name, loops[name])
+    ours, ref = pair(cell_name, "rnn")
+    batch, time = 20, 9
+    x = tf.constant(inputs(7, batch=batch, time=time))
+    mask = tf.constant(tier_mask(batch, time, seed=5))
+
+    def step(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = layer(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    for name, loop in loops.items():
+        assert loop.experimental_get_tracing_count() == 0, name
+    want, want_grads = step(ref)
+    for i, (a, e) in enumerate(zip(list(got) + got_grads, list(want) + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"tensor {i}"
+        )

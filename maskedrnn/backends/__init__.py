@@ -60,6 +60,7 @@ _KNOWN = ("tensorflow", "jax", "torch")
 _FORCED = contextvars.ContextVar("maskedrnn_forced_kernel", default=None)
 _RECORDS = contextvars.ContextVar("maskedrnn_plan_records", default=())
 _PORTABLE = contextvars.ContextVar("maskedrnn_portable", default=False)
+_DIRECTIONS = contextvars.ContextVar("maskedrnn_directions", default=1)
 _MODULES = {}
 
 
@@ -194,6 +195,27 @@ def portable():
         yield
     finally:
         _PORTABLE.reset(token)
+
+
+@contextlib.contextmanager
+def running_directions(count):
+    """Tells the kernels called in the block that one layer call runs
+    `count` directions with them, one after another.
+
+    A kernel whose traced graphs serve several of its calls (TensorFlow's
+    step loops) shares them only where they run more than once: a graph
+    called once costs more than the same ops traced in place.
+    """
+    token = _DIRECTIONS.set(count)
+    try:
+        yield
+    finally:
+        _DIRECTIONS.reset(token)
+
+
+def directions_in_call():
+    """The `count` of the innermost `running_directions` block (1 outside)."""
+    return _DIRECTIONS.get()
 
 
 def portable_only():

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
 
@@ -156,6 +157,9 @@ def tiered(weights, bias):
 
     def recurrence(x, steps, states, rows):
         count = len(rows)
+        # The gradient loop's calls in this layer call (read now: the
+        # gradient is traced outside the layer call).
+        calls = count * backends.directions_in_call()
         pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
         # The paddings taking tier k + 1's rows to tier k's, on a 2-d tensor.
         pads_2d = [
@@ -206,7 +210,7 @@ def tiered(weights, bias):
                         carried,
                         shared,
                         sizes,
-                        count,
+                        calls,
                     )
                     x_grads[k] = x_grad
                     weights_grad += w_grad
@@ -314,11 +318,11 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes
 
 
 # One graph, traced once per sizes for every tier and direction of every
-# layer. A direction of at most `INLINED_TIERS` tiers inlines a copy of it
-# per tier, optimised with the graph around it; more tiers call the one
-# graph, optimised once (`_noinline`), where copies would each be
-# optimised again.
-INLINED_TIERS = 2
+# layer. Where a layer call runs it at most `INLINED_CALLS` times (tiers
+# times directions), each call inlines a copy, optimised with the graph
+# around it; more calls call the one graph, optimised once (`_noinline`),
+# where copies would each be optimised again.
+INLINED_CALLS = 2
 _BACKWARD = tf.function(_backward, autograph=False)
 _BACKWARD_CALLED = tf.function(
     _backward, autograph=False, experimental_attributes={"_noinline": True}
@@ -326,10 +330,10 @@ _BACKWARD_CALLED = tf.function(
 
 
 def _backward_graph(
-    x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes, tiers
+    x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes, calls
 ):
     """`_backward` as one traced graph for every tier and direction of the
-    same sizes, inlined or called as `tiers` (the direction's tier count)
+    same sizes, inlined or called as `calls` (its calls in the layer call)
     asks. The tiers differ in steps and rows, so the graph is traced once
     with those dimensions unknown, and every tier calls that trace."""
     rows = tf.TensorSpec((None, sizes[1]), h0.dtype)
@@ -345,7 +349,7 @@ def _backward_graph(
         (rows, rows),
         tuple(tf.TensorSpec(t.shape, t.dtype) for t in shared),
     )
-    graph = _BACKWARD if tiers <= INLINED_TIERS else _BACKWARD_CALLED
+    graph = _BACKWARD if calls <= INLINED_CALLS else _BACKWARD_CALLED
     graph.get_concrete_function(*specs, sizes)
     args = (x, h0, c0, weights, tuple(gates), cs_grad, h_grad, tuple(carried))
     return graph(*args, shared, sizes)

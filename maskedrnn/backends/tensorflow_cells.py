@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
 
@@ -294,22 +295,26 @@ def _shared_graph(function):
     return tf.function(function, autograph=False)
 
 
-# The step loops, each traced once per process for every tier, direction
-# and tf.function (in a tf.function each call is a copy of that trace,
-# inlined and optimised with the graph around it). Eagerly they run as
-# graphs, not as a Python loop of ops. They are written with tf.while_loop
-# and tf.cond, so autograph is off.
+# The step loops. Where a layer call runs one more than once (tiers,
+# directions), each is traced once per process for every tier, direction
+# and tf.function, and each call inlines a copy of that trace, optimised
+# with the graph around it; run once, its ops are traced in place. Eagerly
+# they run as graphs, not as a Python loop of ops. They are written with
+# tf.while_loop and tf.cond, so autograph is off.
 _GRU_FORWARD = _shared_graph(_gru_forward)
 _GRU_BACKWARD = _shared_graph(_gru_backward)
 _RNN_FORWARD = _shared_graph(_rnn_forward)
 _RNN_BACKWARD = _shared_graph(_rnn_backward)
 
 
-def _call(function, sequences, others):
-    """`function(*sequences, *others)`, the shared graph traced for any rows
-    and steps: each of `sequences` (the tensors of a tier's rows and steps)
-    has every dimension but its last unknown in the trace; the weights and
+def _call(function, sequences, others, shared):
+    """`function(*sequences, *others)`: the shared graph traced for any rows
+    and steps where `shared` (or eagerly), else its ops traced in place.
+    In the shared trace each of `sequences` (the tensors of a tier's rows
+    and steps) has every dimension but its last unknown; the weights and
     Python values of `others` are part of it as they are."""
+    if not (shared or tf.executing_eagerly()):
+        return function.python_function(*sequences, *others)
     specs = [
         tf.TensorSpec([None] * (t.shape.rank - 1) + t.shape[-1:], t.dtype)
         for t in sequences
@@ -318,37 +323,39 @@ def _call(function, sequences, others):
     return function(*sequences, *others)
 
 
-def _gru_recurrence(xp, h0, u, bh, reset_after):
+def _gru_recurrence(xp, h0, u, bh, reset_after, shared):
     @tf.custom_gradient
     def recurrence(xp, h0, u, bh):
         units = u.shape[0]
-        hs = _call(_GRU_FORWARD, (xp, h0), (u, bh, reset_after, units))
+        hs = _call(_GRU_FORWARD, (xp, h0), (u, bh, reset_after, units), shared)
 
         def grad(dhs):
             sequences = (xp, h0, hs, dhs)
-            return _call(_GRU_BACKWARD, sequences, (u, bh, reset_after, units))
+            others = (u, bh, reset_after, units)
+            return _call(_GRU_BACKWARD, sequences, others, shared)
 
         return hs, grad
 
     return recurrence(xp, h0, u, bh)
 
 
-def _rnn_recurrence(xp, h0, u):
+def _rnn_recurrence(xp, h0, u, shared):
     @tf.custom_gradient
     def recurrence(xp, h0, u):
         units = u.shape[0]
-        hs = _call(_RNN_FORWARD, (xp, h0), (u, units))
+        hs = _call(_RNN_FORWARD, (xp, h0), (u, units), shared)
 
         def grad(dhs):
-            return _call(_RNN_BACKWARD, (xp, h0, hs, dhs), (u, units))
+            return _call(_RNN_BACKWARD, (xp, h0, hs, dhs), (u, units), shared)
 
         return hs, grad
 
     return recurrence(xp, h0, u)
 
 
-def _segment(cell, dtype):
-    """The `segment` running one tier of `cell`, weights cast once."""
+def _segment(cell, dtype, shared):
+    """The `segment` running one tier of `cell`, weights cast once, its step
+    loops the shared graphs where `shared`."""
     kernel = ops.cast(cell.kernel, dtype)
     u = ops.cast(cell.recurrent_kernel, dtype)
     units = cell.units
@@ -369,8 +376,8 @@ def _segment(cell, dtype):
         if b is not None:
             xp = xp + b
         if isinstance(cell, keras.layers.GRUCell):
-            return [_gru_recurrence(xp, states[0], u, bh, reset_after)]
-        return [_rnn_recurrence(xp, states[0], u)]
+            return [_gru_recurrence(xp, states[0], u, bh, reset_after, shared)]
+        return [_rnn_recurrence(xp, states[0], u, shared)]
 
     return segment
 
@@ -398,12 +405,15 @@ def run(inner, x, initial_state, steps, want_states):
     dtype = keras.backend.standardize_dtype(cell.compute_dtype)
     x = ops.cast(x, dtype)
     h0 = ops.cast(initial_state[0], dtype)
+    count = tiers.tier_count(x.shape[0], TIER_ROWS)
+    # The step loops' calls in this layer call: shared graphs beyond one.
+    calls = count * backends.directions_in_call()
     y, _ = tiers.run_tiers(
         x,
         [h0],
         tf.cast(steps.lengths, "int32"),
-        tiers.chained(_segment(cell, dtype)),
-        tiers.tier_count(x.shape[0], TIER_ROWS),
+        tiers.chained(_segment(cell, dtype, calls > 1)),
+        count,
         want_states=False,
     )
     if not want_states:

@@ -262,7 +262,8 @@ def run_plan(
         results = []
         for d, state, back in zip(directions, initial_states, backward):
             xd = mops.gather_time(x, steps.reverse) if back else x
-            y, st = run(d.kernel, d.inner, xd, steps, state, training, want_states)
+            with backends.running_directions(len(directions)):
+                y, st = run(d.kernel, d.inner, xd, steps, state, training, want_states)
             if back and place == "last":
                 # After reading every valid step: its own last output.
                 y = last_output(y, steps)
