@@ -263,6 +263,7 @@ def test_every_backend_module_answers_the_same_questions():
         "is_concrete",
         "invert_permutation",
         "take_rows",
+        "gather_time",
         "gather_or_zero",
         "has_fused_rnn_kernel",
     }

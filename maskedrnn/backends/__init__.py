@@ -17,7 +17,8 @@ backend's module (`current()`) instead of testing the backend's name:
   want_states)`, `one_call_reason(inners)`: every direction of a call in one
   kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
-  `take_rows`, `has_fused_rnn_kernel`: backend pieces of the ops and checks.
+  `take_rows`, `gather_time`, `has_fused_rnn_kernel`: backend pieces of the
+  ops and checks.
 
 A call computes one `Plan` (`plan()`): the kernel of each direction (one of
 `KERNELS`) and the strategy of the call (one of `STRATEGIES`); docs/design.md

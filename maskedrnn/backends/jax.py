@@ -14,6 +14,7 @@ import keras
 from keras import ops
 
 from maskedrnn.backends import Reason, jax_fused, jax_tiers, keras_kernels, preference
+from maskedrnn.backends.gather import flat_gather_time
 
 NAME = "jax"
 FUSED = "jax-fused"
@@ -61,6 +62,12 @@ def take_rows(flat, index):
     read.
     """
     return jnp.take(flat, index, axis=0, mode="clip")
+
+
+def gather_time(x, index):
+    """`x[b, index[b, t], ...]` for int32 `index` in range: one row gather
+    of the `(batch * time, ...)` view (`take_rows`)."""
+    return flat_gather_time(x, index, take_rows)
 
 
 def has_fused_rnn_kernel():

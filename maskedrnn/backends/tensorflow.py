@@ -48,7 +48,29 @@ def invert_permutation(perm):
 
 def take_rows(flat, index):
     """`flat[index]`, shape `index.shape + flat.shape[1:]`."""
-    return ops.take(flat, index, axis=0)
+    return tf.gather(flat, index)
+
+
+def gather_time(x, index):
+    """`x[b, index[b, t], ...]` for int32 `index` in range: one `GatherV2`
+    with `batch_dims=1` (the flat view's reshape, offsets and
+    `keras.ops.take`'s handling of negative indices would each add ops to
+    trace and optimise), and a gradient of one segment sum over the flat
+    view (TensorFlow's own for `batch_dims` traces many more ops)."""
+
+    @tf.custom_gradient
+    def gather(x):
+        def grad(dy):
+            shape = tf.shape(x)
+            offsets = tf.range(shape[0]) * shape[1]
+            rows = tf.reshape(index + offsets[:, None], [-1])
+            dy = tf.reshape(dy, tf.concat([[-1], shape[2:]], 0))
+            dx = tf.math.unsorted_segment_sum(dy, rows, shape[0] * shape[1])
+            return tf.reshape(dx, shape)
+
+        return tf.gather(x, index, batch_dims=1), grad
+
+    return gather(x)
 
 
 def has_fused_rnn_kernel():

@@ -15,6 +15,7 @@ from keras import ops
 
 from maskedrnn._keras_private import keras_torch_device
 from maskedrnn.backends import Reason, keras_kernels, preference, torch_fused
+from maskedrnn.backends.gather import flat_gather_time
 from maskedrnn.backends.torch_direction import Layout, _direction
 from maskedrnn.backends.torch_direction import run_direction as _run_direction
 from maskedrnn.backends.torch_kernels import (
@@ -82,6 +83,12 @@ def take_rows(flat, index):
     index = ops.convert_to_tensor(index)
     rows = torch.index_select(flat, 0, index.reshape(-1).to(torch.int64))
     return rows.reshape(tuple(index.shape) + tuple(flat.shape[1:]))
+
+
+def gather_time(x, index):
+    """`x[b, index[b, t], ...]` for int32 `index` in range: one row gather
+    of the `(batch * time, ...)` view (`take_rows`)."""
+    return flat_gather_time(x, index, take_rows)
 
 
 def gather_or_zero(y, index, keep):
