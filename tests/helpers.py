@@ -272,6 +272,58 @@ def record_calls(monkeypatch, module, name, position=0):
     return calls
 
 
+def fresh_graphs(monkeypatch, module, names):
+    """New copies of `module`'s module-level `tf.function`s `names`, with
+    all of their options, put in their place: no trace made by another test
+    is reused. Returns `{name: copy}`, whose tracing counts start at 0."""
+    copies = {}
+    for name in names:
+        copies[name] = getattr(module, name)._clone(None)
+        monkeypatch.setattr(module, name, copies[name])
+    return copies
+
+
+def check_stacked_bidirectional(kind, batch, time, features, units):
+    """Two stacked `MaskedBidirectional(kind)` layers of `units[0]` and
+    `units[1]` units, run in one `tf.function` with a fixed weighting of
+    their outputs as loss, against Keras' masked `Bidirectional` pair of
+    the same weights (`oracle_pair`) run eagerly, on `tier_mask` rows:
+    asserts the outputs and the gradients w.r.t. the inputs and every weight
+    agree. TensorFlow only. Returns the plans ours made."""
+    import tensorflow as tf
+
+    from maskedrnn import backends
+
+    widths = [features, 2 * units[0]]
+    pairs = [
+        oracle_pair(kind, u, w, return_sequences=True) for u, w in zip(units, widths)
+    ]
+    x = np.random.default_rng(2).standard_normal((batch, time, features))
+    x = tf.constant(x.astype("float32"))
+    mask = tf.constant(tier_mask(batch, time, seed=3))
+    weight = tf.constant(
+        np.random.default_rng(4).standard_normal((batch, time, 2 * units[1])),
+        "float32",
+    )
+
+    def step(layers):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layers[1](layers[0](x, mask=mask), mask=mask)
+            loss = tf.reduce_sum(y * weight)
+        variables = [v for layer in layers for v in layer.trainable_variables]
+        return y, tape.gradient(loss, [x] + variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)([ours for ours, _ in pairs])
+    want, want_grads = step([ref for _, ref in pairs])
+    for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"tensor {i}"
+        )
+    return plans
+
+
 def tier_mask(batch, time, seed):
     """Every padding pattern over `batch` rows, for the length tiers' tests:
     random lengths, full and empty rows, pre-padding and holes."""

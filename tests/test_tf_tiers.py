@@ -24,7 +24,9 @@ from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from tests.helpers import (
     BACKEND,
     check_declined_contexts,
+    check_stacked_bidirectional,
     edge_mask,
+    fresh_graphs,
     lengths_to_mask,
     record_calls,
     tier_mask,
@@ -416,6 +418,16 @@ def test_eager_gradients_over_several_shapes(cell):
             assert_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))
 
 
+def step_loops(monkeypatch, cell_name):
+    """Fresh copies of the forward and backward step loops of `cell_name`
+    ("gru" or "simple-rnn"), put in the module's place (`fresh_graphs`)."""
+    from maskedrnn.backends import tensorflow_cells
+
+    prefix = "_GRU" if cell_name == "gru" else "_RNN"
+    names = (f"{prefix}_FORWARD", f"{prefix}_BACKWARD")
+    return fresh_graphs(monkeypatch, tensorflow_cells, names)
+
+
 @pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
 def test_step_loops_traced_once_per_sizes(cell_name, monkeypatch):
     """The forward and the backward step loops are graphs traced once per
@@ -423,63 +435,14 @@ def test_step_loops_traced_once_per_sizes(cell_name, monkeypatch):
     direction calls that trace (in a `tf.function` their copies are
     inlined), and a stacked layer of other units gets its own. Outputs and
     every gradient equal Keras' masked layers'."""
-    from maskedrnn.backends import tensorflow_cells
-
-    prefix = "_GRU" if cell_name == "gru" else "_RNN"
-    loops = {}
-    for name in (f"{prefix}_FORWARD", f"{prefix}_BACKWARD"):
-        # A new copy with all of its options: no trace of another test.
-        loops[name] = getattr(tensorflow_cells, name)._clone(None)
-        monkeypatch.setattr(tensorflow_cells, name, loops[name])
-    kind, kw = CELLS[cell_name]
-    batch, time, units = 70, 9, [U, U + 3]
-    ours = [
-        MaskedBidirectional(kind(u, return_sequences=True, **kw)) for u in units
-    ]
-    refs = [
-        keras.layers.Bidirectional(
-            inner(cell_name, True, return_sequences=True)
-            if u == U
-            else kind(u, return_sequences=True, **_oracle_kw(kind, kw))
-        )
-        for u in units
-    ]
-    for i, (a, e) in enumerate(zip(ours, refs)):
-        shape = (None, None, D if i == 0 else 2 * units[0])
-        e.build(shape)
-        a.build(shape)
-        a.set_weights(e.get_weights())
-    x = tf.constant(inputs(5, batch=batch, time=time))
-    mask = tf.constant(tier_mask(batch, time, seed=3))
-    weight = tf.constant(
-        np.random.default_rng(4).standard_normal((batch, time, 2 * units[1])),
-        "float32",
-    )
-
-    def step(layers):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = layers[1](layers[0](x, mask=mask), mask=mask)
-            loss = tf.reduce_sum(y * weight)
-        variables = [v for layer in layers for v in layer.trainable_variables]
-        return y, tape.gradient(loss, [x] + variables)
-
-    with backends.record() as plans:
-        got, got_grads = tf.function(step)(ours)
+    loops = step_loops(monkeypatch, cell_name)
+    kind = "gru" if cell_name == "gru" else "simple"
+    plans = check_stacked_bidirectional(kind, 70, 9, D, [U, U + 3])
     assert kernels_of(plans) == {KERNEL}
     # 2 tiers in each of 4 directions, each loop traced twice (once per
     # layer's units).
     for name, loop in loops.items():
         assert loop.experimental_get_tracing_count() == 2, name
-    want, want_grads = step(refs)
-    for i, (a, e) in enumerate(zip([got] + got_grads, [want] + want_grads)):
-        np.testing.assert_allclose(
-            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"tensor {i}"
-        )
-
-
-def _oracle_kw(kind, kw):
-    return {**kw, "use_cudnn": False} if kind is keras.layers.GRU else dict(kw)
 
 
 @pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
@@ -487,13 +450,7 @@ def test_step_loops_run_once_are_traced_in_place(cell_name, monkeypatch):
     """A one-direction layer of one tier runs each step loop once: in a
     `tf.function` its ops are traced in place, the shared graphs never
     traced. Outputs and every gradient equal Keras' masked layer's."""
-    from maskedrnn.backends import tensorflow_cells
-
-    prefix = "_GRU" if cell_name == "gru" else "_RNN"
-    loops = {}
-    for name in (f"{prefix}_FORWARD", f"{prefix}_BACKWARD"):
-        loops[name] = getattr(tensorflow_cells, name)._clone(None)
-        monkeypatch.setattr(tensorflow_cells, name, loops[name])
+    loops = step_loops(monkeypatch, cell_name)
     ours, ref = pair(cell_name, "rnn")
     batch, time = 20, 9
     x = tf.constant(inputs(7, batch=batch, time=time))
