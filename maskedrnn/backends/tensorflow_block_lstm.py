@@ -161,11 +161,6 @@ def tiered(weights, bias):
         # gradient is traced outside the layer call).
         calls = count * backends.directions_in_call()
         pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
-        # The paddings taking tier k + 1's rows to tier k's, on a 2-d tensor.
-        pads_2d = [
-            tf.reshape(tf.stack([0, rows[k] - rows[k + 1], 0, 0]), (2, 2))
-            for k in range(count - 1)
-        ]
 
         @tf.custom_gradient
         def run(x, h0, c0, weights, bias):
@@ -196,7 +191,8 @@ def tiered(weights, bias):
                 for k in reversed(range(count)):
                     if k < count - 1:
                         # Rows that leave after tier k carry no gradient.
-                        carried = [tf.pad(c, pads_2d[k]) for c in carried]
+                        below = tf.stack([[0, rows[k] - rows[k + 1]], [0, 0]])
+                        carried = [tf.pad(c, below) for c in carried]
                     h_k, cs_k = (
                         tiers.first_rows(g[k], rows[k]) if k else g[k] for g in split
                     )
