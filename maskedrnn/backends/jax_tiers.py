@@ -200,15 +200,15 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     groups = -(-batch // size)
     pad = groups * size - batch
     sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
-    # One gather makes the kernel's (time, directions, batch, features)
+    # One gather makes the kernel's (directions, time, batch, features)
     # input: rows sorted (the padding rows read row 0 and never use it),
     # time-major, a backward direction's steps reversed by length.
     t = jnp.arange(time, dtype=jnp.int32)[:, None]
     read = _read_steps(t, sorted_lengths[None], directions)
-    read = jnp.swapaxes(read, 1, 2)
+    read = jnp.transpose(read, (2, 0, 1))
     rows = jnp.pad(order, (0, pad))[None, None] * time
     flat = jnp.reshape(x, (batch * time,) + x.shape[2:])
-    x_tm = _take(flat, read + rows, 0)
+    x_dt = _take(flat, read + rows, 0)
     sorted_states = tuple(
         jnp.pad(
             jnp.stack([_take(s[k], order, 0) for s in states]),
@@ -218,13 +218,13 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     )
     kind = _kind(inners[0])
     params = _stacked_weights(inners, kind, dtype)
-    ys, finals = _tiers(kind, groups, x_tm, sorted_lengths, sorted_states, params)
+    ys, finals = _tiers(kind, groups, x_dt, sorted_lengths, sorted_states, params)
     # One gather back: (batch, time, directions) slots of the kernel's
-    # (time, directions, batch) outputs, rows in the caller's order.
+    # (directions, time, batch) outputs, rows in the caller's order.
     tb = jnp.arange(time, dtype=jnp.int32)[None]
     back = _read_steps(tb, lengths[:, None], directions)
     d = jnp.arange(directions, dtype=jnp.int32)
-    index = (back * directions + d) * (batch + pad) + inverse[:, None, None]
+    index = (d * time + back) * (batch + pad) + inverse[:, None, None]
     ys_flat = jnp.reshape(ys, (-1, units))
     y = jnp.reshape(_take(ys_flat, index, 0), (batch, time, directions * units))
     finals = [
@@ -360,17 +360,19 @@ def _step_back(kind, params, d_states, saved, prev, new):
     return (d_prev,), jnp.concatenate([dz, dr, da], axis=-1)
 
 
-def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
-    """`(dx, d_kernel, d_recurrent, d_bias)` of steps from their `d_pre`."""
+def _step_grads(kind, params, x_dt, d_pre, h_prev, saved):
+    """`(dx, d_kernel, d_recurrent, d_bias)` of all steps from their
+    `d_pre`; `h_prev` holds the states before each step."""
     kernel, recurrent, bias = params
     # At least float32 (float64 stays float64).
-    acc = jnp.promote_types(x_tm.dtype, jnp.float32)
+    acc = jnp.promote_types(x_dt.dtype, jnp.float32)
     f32 = functools.partial(jnp.einsum, preferred_element_type=acc)
-    dx = f32("tebg,edg->tebd", d_pre, kernel).astype(x_tm.dtype)
-    d_kernel = f32("tebd,tebg->edg", x_tm, d_pre)
-    d_in_bias = jnp.sum(d_pre, axis=(0, 2), dtype=acc)[:, None]
+    # Directions lead, then (time, batch): no transpose of the step axes.
+    dx = f32("etbg,edg->etbd", d_pre, kernel).astype(x_dt.dtype)
+    d_kernel = f32("etbd,etbg->edg", x_dt, d_pre)
+    d_in_bias = jnp.sum(d_pre, axis=(1, 2), dtype=acc)[:, None]
     if kind[0] != "gru":
-        d_rec = f32("tebu,tebg->eug", h_prev, d_pre)
+        d_rec = f32("etbu,etbg->eug", h_prev, d_pre)
         return dx, d_kernel, d_rec, d_in_bias
     xz, hz = saved
     units = h_prev.shape[-1]
@@ -378,11 +380,11 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
     d_zr, da = d_pre[..., : 2 * units], d_pre[..., 2 * units :]
     if kind[1]:
         d_hz = jnp.concatenate([d_zr, da * r], axis=-1)
-        d_rec = f32("tebu,tebg->eug", h_prev, d_hz)
-        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(0, 2), dtype=acc)[:, None]])
+        d_rec = f32("etbu,etbg->eug", h_prev, d_hz)
+        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(1, 2), dtype=acc)[:, None]])
         return dx, d_kernel, d_rec, d_bias
     d_rec = jnp.concatenate(
-        [f32("tebu,tebg->eug", h_prev, d_zr), f32("tebu,tebg->eug", r * h_prev, da)],
+        [f32("etbu,etbg->eug", h_prev, d_zr), f32("etbu,etbg->eug", r * h_prev, da)],
         axis=-1,
     )
     return dx, d_kernel, d_rec, d_in_bias
@@ -390,7 +392,7 @@ def _step_grads(kind, params, x_tm, d_pre, h_prev, saved):
 
 # ---- the groups, forward and back, with their VJP.
 #
-# `x_tm` is `(time, directions, batch, features)` with the rows sorted
+# `x_dt` is `(directions, time, batch, features)` with the rows sorted
 # longest first and `batch` a multiple of `groups`: group `j` is the rows
 # `j * size` to `(j + 1) * size`, and its first row is its longest.
 
@@ -400,35 +402,46 @@ def _rows(x, first, size):
     return lax.dynamic_slice_in_dim(x, first, size, axis=1)
 
 
+def _starts(buffer, t, first):
+    """The start indices of step `t`, row `first` in a `(directions, time,
+    batch, ...)` buffer, in one index dtype (under jax_enable_x64 the
+    literals would be int64)."""
+    start = (0, t, first) + (0,) * (buffer.ndim - 3)
+    return tuple(lax.convert_element_type(i, jnp.int32) for i in start)
+
+
 def _at(buffer, t, first, size):
-    """`buffer[t, :, first:first + size]` of a `(time, directions, batch,
+    """`buffer[:, t, first:first + size]` of a `(directions, time, batch,
     ...)` buffer."""
-    return _rows(lax.dynamic_index_in_dim(buffer, t, 0, keepdims=False), first, size)
+    sizes = (buffer.shape[0], 1, size) + buffer.shape[3:]
+    return lax.dynamic_slice(buffer, _starts(buffer, t, first), sizes)[:, 0]
 
 
 def _put(buffer, value, t, first):
     """`buffer` with `value` written at step `t`, rows from `first`."""
-    start = (t, 0, first) + (0,) * (buffer.ndim - 3)
-    # One index dtype (under jax_enable_x64 the literals would be int64).
-    start = tuple(lax.convert_element_type(i, jnp.int32) for i in start)
-    return lax.dynamic_update_slice(buffer, value[None], start)
+    return lax.dynamic_update_slice(
+        buffer, value[:, None], _starts(buffer, t, first)
+    )
 
 
-def _forward(kind, groups, x_tm, lengths, states, params, save):
+def _buffer(shape, time, dtype):
+    """Zeros for every step of a `(directions, batch, ...)` value."""
+    return jnp.zeros(shape[:1] + (time,) + shape[1:], dtype)
+
+
+def _forward(kind, groups, x_dt, lengths, states, params, save):
     """Runs every group: `(outputs, final_states, buffers)`, the buffers
     filled with `save` (the states and pre-activations of every step)."""
-    time, batch = x_tm.shape[0], x_tm.shape[2]
+    time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
-    dtype = x_tm.dtype
+    dtype = x_dt.dtype
     state_shapes, saved_shapes = jax.eval_shape(
-        lambda s: _step(kind, params, x_tm[0], s), states
+        lambda s: _step(kind, params, x_dt[:, 0], s), states
     )
-    buf_states = tuple(jnp.zeros((time,) + s.shape, dtype) for s in state_shapes)
+    buf_states = tuple(_buffer(s.shape, time, dtype) for s in state_shapes)
     if not save:
         buf_states = buf_states[:1]
-    buf_saved = jax.tree.map(
-        lambda s: jnp.zeros((time,) + s.shape, dtype), saved_shapes
-    )
+    buf_saved = jax.tree.map(lambda s: _buffer(s.shape, time, dtype), saved_shapes)
     if not save:
         buf_saved = ()
 
@@ -439,7 +452,7 @@ def _forward(kind, groups, x_tm, lengths, states, params, save):
 
         def step(t, loop):
             state, buf_states, buf_saved = loop
-            new, saved = _step(kind, params, _at(x_tm, t, first, size), state)
+            new, saved = _step(kind, params, _at(x_dt, t, first, size), state)
             keep = t < live
             new = tuple(jnp.where(keep, a, b) for a, b in zip(new, state))
             buf_states = tuple(
@@ -468,32 +481,33 @@ def _forward(kind, groups, x_tm, lengths, states, params, save):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _tiers(kind, groups, x_tm, lengths, states, params):
-    """The grouped recurrence over sorted, time-major `x_tm`:
-    `(outputs (time, directions, batch, units), final states)`."""
-    ys, finals, _ = _forward(kind, groups, x_tm, lengths, states, params, save=False)
+def _tiers(kind, groups, x_dt, lengths, states, params):
+    """The grouped recurrence over sorted `(directions, time, batch,
+    features)` `x_dt`: `(outputs (directions, time, batch, units), final
+    states)`."""
+    ys, finals, _ = _forward(kind, groups, x_dt, lengths, states, params, save=False)
     return ys, finals
 
 
-def _tiers_fwd(kind, groups, x_tm, lengths, states, params):
+def _tiers_fwd(kind, groups, x_dt, lengths, states, params):
     ys, finals, buffers = _forward(
-        kind, groups, x_tm, lengths, states, params, save=True
+        kind, groups, x_dt, lengths, states, params, save=True
     )
-    return (ys, finals), (x_tm, lengths, states, params, buffers)
+    return (ys, finals), (x_dt, lengths, states, params, buffers)
 
 
 def _tiers_bwd(kind, groups, residuals, cotangents):
-    x_tm, lengths, states, params, (buf_states, buf_saved) = residuals
+    x_dt, lengths, states, params, (buf_states, buf_saved) = residuals
     d_ys, d_finals = cotangents
-    batch = x_tm.shape[2]
+    time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
-    dtype = x_tm.dtype
-    saved0 = jax.tree.map(lambda b: b[0], buf_saved)
+    dtype = x_dt.dtype
+    saved0 = jax.tree.map(lambda b: b[:, 0], buf_saved)
     d_pre_shape = jax.eval_shape(
         lambda: _step_back(kind, params, states, saved0, states, states)[1]
     )
     # Every step's pre-activation gradients (zeros at the steps skipped).
-    d_pre = jnp.zeros(x_tm.shape[:1] + d_pre_shape.shape, dtype)
+    d_pre = _buffer(d_pre_shape.shape, time, dtype)
     d_finals = tuple(jnp.asarray(d, dtype) for d in d_finals)
 
     def group(j, loop):
@@ -526,9 +540,9 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
 
     d_initial, d_pre = lax.fori_loop(0, groups, group, (d_finals, d_pre))
     # The inputs' and the weights' gradients, every step at once.
-    h_prev = jnp.concatenate([states[0][None], buf_states[0][:-1]], axis=0)
+    h_prev = jnp.concatenate([states[0][:, None], buf_states[0][:, :-1]], axis=1)
     dx, d_kernel, d_rec, d_bias = _step_grads(
-        kind, params, x_tm, d_pre, h_prev, buf_saved
+        kind, params, x_dt, d_pre, h_prev, buf_saved
     )
     d_params = tuple(
         d.astype(p.dtype) for d, p in zip((d_kernel, d_rec, d_bias), params)
