@@ -132,18 +132,9 @@ def run(inner, x, lengths, initial_state, groups=None):
 
 def run_one_call(inners, x, steps, initial_states, want_states, groups=None):
     """Every direction of a call in one tiered recurrence, weights stacked:
-    a second direction reads each row's valid steps last to first."""
-    batch = x.shape[0]
-    initial = [
-        s
-        if s is not None
-        else [
-            jnp.zeros((batch, inner.cell.units), _dtype(inner))
-            for _ in range(2 if type(inner) is keras.layers.LSTM else 1)
-        ]
-        for s, inner in zip(initial_states, inners)
-    ]
-    y, states = run_directions(inners, x, steps.lengths, initial, groups)
+    a second direction reads each row's valid steps last to first. An
+    initial state of None is zeros."""
+    y, states = run_directions(inners, x, steps.lengths, initial_states, groups)
     return y, [list(s) if want_states else [] for s in states]
 
 
@@ -173,19 +164,27 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     """`run` for one or two directions stacked in one recurrence.
 
     The first direction reads the valid-first `x`; a second one reads each
-    row's valid steps last to first. Returns `(outputs, states)`:
-    the outputs `(batch, time, units * directions)`, each direction's output
-    at the slot of the valid step it read there (directions side by side on
-    the last axis), and one list of final states per direction.
+    row's valid steps last to first. An entry of `initial_states` may be
+    None: zeros. Returns `(outputs, states)`: the outputs `(batch, time,
+    units * directions)`, each direction's output at the slot of the valid
+    step it read there (directions side by side on the last axis), and one
+    list of final states per direction.
     """
     dtype = _dtype(inners[0])
     x = jnp.asarray(x).astype(dtype)
     batch, time = x.shape[0], x.shape[1]
     directions = len(inners)
     units = inners[0].cell.units
-    states = [[jnp.asarray(s).astype(dtype) for s in i] for i in initial_states]
+    count = 2 if type(inners[0]) is keras.layers.LSTM else 1
+    states = [
+        [jnp.asarray(s).astype(dtype) for s in i] if i is not None else None
+        for i in initial_states
+    ]
     if batch == 0 or time == 0:
-        return jnp.zeros((batch, time, units * directions), dtype), states
+        zeros = [jnp.zeros((batch, units), dtype)] * count
+        return jnp.zeros((batch, time, units * directions), dtype), [
+            s if s is not None else zeros for s in states
+        ]
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
     # Longest first (stable), and the inverse permutation to put rows back.
     order = jnp.argsort(-lengths, stable=True).astype(jnp.int32)
@@ -209,13 +208,7 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     rows = jnp.pad(order, (0, pad))[None, None] * time
     flat = jnp.reshape(x, (batch * time,) + x.shape[2:])
     x_dt = _take(flat, read + rows, 0)
-    sorted_states = tuple(
-        jnp.pad(
-            jnp.stack([_take(s[k], order, 0) for s in states]),
-            ((0, 0), (0, pad), (0, 0)),
-        )
-        for k in range(len(states[0]))
-    )
+    sorted_states = _sorted_states(states, order, pad, (units, count, dtype))
     kind = _kind(inners[0])
     params = _stacked_weights(inners, kind, dtype)
     ys, finals = _tiers(kind, groups, x_dt, sorted_lengths, sorted_states, params)
@@ -231,6 +224,27 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
         [_take(s[e], inverse, 0) for s in finals] for e in range(directions)
     ]
     return y, finals
+
+
+def _sorted_states(states, order, pad, spec):
+    """The initial states as the kernel reads them: one `(directions,
+    batch + pad, units)` array per state, rows in `order`. All zeros are
+    made in place, with no gather to compile."""
+    units, count, dtype = spec
+    rows = order.shape[0] + pad
+    if all(s is None for s in states):
+        return tuple(
+            jnp.zeros((len(states), rows, units), dtype) for _ in range(count)
+        )
+    zeros = [jnp.zeros((order.shape[0], units), dtype)] * count
+    states = [s if s is not None else zeros for s in states]
+    return tuple(
+        jnp.pad(
+            jnp.stack([_take(s[k], order, 0) for s in states]),
+            ((0, 0), (0, pad), (0, 0)),
+        )
+        for k in range(count)
+    )
 
 
 def _read_steps(t, lengths, directions):
