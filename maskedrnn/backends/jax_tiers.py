@@ -201,7 +201,8 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
     # One gather makes the kernel's (directions, time, batch, features)
     # input: rows sorted (the padding rows read row 0 and never use it),
-    # time-major, a backward direction's steps reversed by length.
+    # each row's steps along the second axis, a backward direction's reversed
+    # by length.
     t = jnp.arange(time, dtype=jnp.int32)[:, None]
     read = _read_steps(t, sorted_lengths[None], directions)
     read = jnp.transpose(read, (2, 0, 1))
