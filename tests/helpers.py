@@ -256,11 +256,12 @@ def spy_native_kernels(monkeypatch):
     return calls
 
 
-def record_calls(monkeypatch, module, name, position=0):
+def record_calls(monkeypatch, module, name, position=0, calls=None):
     """Replaces `module.name` by a function that records its positional
     argument `position` (a list or tuple recorded as a list) and calls the
-    original; returns the list of what it recorded, in call order."""
-    calls = []
+    original; returns the list of what it recorded, in call order (`calls`,
+    when given, is that list)."""
+    calls = [] if calls is None else calls
     original = getattr(module, name)
 
     def spy(*args, **kwargs):
@@ -370,13 +371,15 @@ def check_declined_contexts(ours, ref, kernel, x, mask):
 def spy_fused_kernels(monkeypatch):
     """Records the list of inner layers of every one-call kernel call
     (torch: `maskedrnn.backends.torch_fused.run`, every direction of a call
-    in one `torch._VF` call; JAX: `maskedrnn.backends.jax.run_one_call`, one
-    `jax_fused.lstm` call); returns the list of those lists (torch and JAX
-    only)."""
+    in one `torch._VF` call; JAX: `maskedrnn.backends.jax.run_one_call` and
+    `run_one_call_in_place`, one `jax_fused.lstm` call or one tiered
+    recurrence); returns the list of those lists (torch and JAX only)."""
     if BACKEND == "jax":
         from maskedrnn.backends import jax as jax_backend
 
-        return record_calls(monkeypatch, jax_backend, "run_one_call", position=1)
+        calls = record_calls(monkeypatch, jax_backend, "run_one_call", position=1)
+        name = "run_one_call_in_place"
+        return record_calls(monkeypatch, jax_backend, name, position=1, calls=calls)
     from maskedrnn.backends import torch_fused
 
     return record_calls(monkeypatch, torch_fused, "run")

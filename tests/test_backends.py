@@ -185,10 +185,13 @@ def spies(monkeypatch):
 
         spies["tiers"] = Spy(monkeypatch, "run", tensorflow_cells)
     if BACKEND == "jax":
-        # Looked up as `run_directions` in its module at call time.
+        # Looked up as `run_directions` / `run_in_place` in its module at call
+        # time; both record into one list.
         from maskedrnn.backends import jax_tiers
 
         spies["jax_tiers"] = Spy(monkeypatch, "run_directions", jax_tiers)
+        placed = Spy(monkeypatch, "run_in_place", jax_tiers)
+        placed.calls = spies["jax_tiers"].calls
     if BACKEND in ("torch", "jax"):
         # Looked up as `backends.current().run_one_call` at call time.
         spies["one_call"] = Spy(monkeypatch, "run_one_call", backends.current())

@@ -266,6 +266,8 @@ def test_every_backend_module_answers_the_same_questions():
         "gather_time",
         "gather_or_zero",
         "has_fused_rnn_kernel",
+        "IN_PLACE_KERNELS",
+        "run_one_call_in_place",
     }
     for backend in ("tensorflow", "jax", "torch"):
         tree = ast.parse((PACKAGE / "backends" / f"{backend}.py").read_text())

@@ -16,6 +16,9 @@ backend's module (`current()`) instead of testing the backend's name:
 - `ONE_CALL_KERNELS`, `run_one_call(kernel, inners, x, steps, initial_states, training,
   want_states)`, `one_call_reason(inners)`: every direction of a call in one
   kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
+- `IN_PLACE_KERNELS`, `run_one_call_in_place(..., place)`: the one-call
+  kernels that read the caller's order and place their outputs themselves
+  (JAX's tiers; `()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
   `take_rows`, `gather_time`, `has_fused_rnn_kernel`: backend pieces of the
   ops and checks.

@@ -21,6 +21,8 @@ FUSED = "jax-fused"
 TIERS = jax_tiers.KERNEL
 KERNELS = (FUSED, TIERS, "keras-unmasked", "keras-masked")
 ONE_CALL_KERNELS = (FUSED, TIERS)
+# The tiers read the caller's order and place their outputs themselves.
+IN_PLACE_KERNELS = (TIERS,)
 
 layout = run_direction = keras_kernels.no_caller_order_kernel
 scalar = keras_kernels.scalar
@@ -250,6 +252,19 @@ def run_one_call(kernel, inners, x, steps, initial_states, training, want_states
             for s, i in zip(initial_states, inners)
         ]
     y, states = jax_fused.lstm(x, steps.lengths, weights, initial)
+    return y, [list(s) if want_states else [] for s in states]
+
+
+def run_one_call_in_place(
+    kernel, inners, x, steps, initial_states, training, want_states, place
+):
+    """Every direction of a call in one `"jax-tiers"` call over `x` in the
+    caller's order, the outputs placed as `place` says (`run_plan`'s
+    `place`); `(outputs, states)`, the directions side by side."""
+    if kernel != TIERS:
+        raise NotImplementedError(f"{kernel!r} reads valid-first data only")
+    mask = steps.mask if steps.masked else None
+    y, states = jax_tiers.run_in_place(inners, x, mask, initial_states, place)
     return y, [list(s) if want_states else [] for s in states]
 
 

@@ -4,7 +4,15 @@ The `"jax-tiers"` kernel for Keras' `LSTM`, `GRU` and `SimpleRNN`: rows
 sorted by length run in static groups of equal size, each group only up to
 its own longest row, with a gradient of its own (`jax.custom_vjp`) walking
 the same steps back (docs/design.md, "Kernels, one per backend"). Steps
-compute in the layer's compute dtype; weight gradients sum in float32.
+compute in the layer's compute dtype; weight gradients sum in float32; the
+cells' equations are in `jax_cells`.
+
+A call's directions run from the caller's order (`run_in_place`): each row
+from its first valid step to its last (a backward direction from its last
+to its first), a masked step between them keeping the state as in Keras'
+masked loop, so no step is moved and the mask needs no ranking. One
+direction on valid-first data (`run`, where the layer applies input dropout
+first) runs the same recurrence.
 
 One loop over the groups holds one loop over a group's steps, forward and
 backward: every group runs the same compiled step, so XLA compiles one
@@ -18,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import keras
 from jax import lax
+
+from maskedrnn.backends import jax_cells as cells
 
 KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
@@ -58,11 +68,13 @@ def describe(inner):
     """The `kernel_info()` sentence of the kernel."""
     name = type(inner).__name__
     return (
-        f"{name} in length tiers over valid-first data: rows sorted by "
-        f"length, in {default_groups()} row group(s) that each run to their "
-        "own longest row (padded steps skipped, no host sync), exact final "
-        "states carried to each row's last valid step, its own gradient "
-        "(jax.custom_vjp); the directions of a call stacked in one recurrence"
+        f"{name} in length tiers: rows sorted by the span from their first "
+        f"valid step to their last, in {default_groups()} row group(s) that "
+        "each run to their own longest span (padded steps outside it "
+        "skipped, masked steps inside it keeping the state; no host sync), "
+        "exact final states carried to each row's last valid step, its own "
+        "gradient (jax.custom_vjp); the directions of a call stacked in one "
+        "recurrence"
     )
 
 
@@ -170,61 +182,181 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     step it read there (directions side by side on the last axis), and one
     list of final states per direction.
     """
-    dtype = _dtype(inners[0])
-    x = jnp.asarray(x).astype(dtype)
-    batch, time = x.shape[0], x.shape[1]
-    directions = len(inners)
-    units = inners[0].cell.units
-    count = 2 if type(inners[0]) is keras.layers.LSTM else 1
-    states = [
-        [jnp.asarray(s).astype(dtype) for s in i] if i is not None else None
-        for i in initial_states
-    ]
-    if batch == 0 or time == 0:
-        zeros = [jnp.zeros((batch, units), dtype)] * count
-        return jnp.zeros((batch, time, units * directions), dtype), [
-            s if s is not None else zeros for s in states
-        ]
+    setup = _Setup(inners, x, initial_states)
+    if setup.empty:
+        return setup.empty_outputs("held"), setup.empty_states()
+    time, directions = setup.time, setup.directions
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
-    # Longest first (stable), and the inverse permutation to put rows back.
-    order = jnp.argsort(-lengths, stable=True).astype(jnp.int32)
-    inverse = (
-        jnp.zeros_like(order)
-        .at[order]
-        .set(jnp.arange(batch, dtype=order.dtype), unique_indices=True)
-    )
-    # Equal groups: rows of length 0 pad the batch to a multiple of the size.
-    groups = min(default_groups() if groups is None else groups, batch)
-    size = -(-batch // groups)
-    groups = -(-batch // size)
-    pad = groups * size - batch
-    sorted_lengths = jnp.pad(_take(lengths, order, 0), (0, pad))
+    rows = _SortedRows(lengths, groups)
     # One gather makes the kernel's (directions, time, batch, features)
     # input: rows sorted (the padding rows read row 0 and never use it),
     # each row's steps along the second axis, a backward direction's reversed
     # by length.
     t = jnp.arange(time, dtype=jnp.int32)[:, None]
-    read = _read_steps(t, sorted_lengths[None], directions)
+    read = _read_steps(t, rows.sorted(lengths)[None], directions)
     read = jnp.transpose(read, (2, 0, 1))
-    rows = jnp.pad(order, (0, pad))[None, None] * time
-    flat = jnp.reshape(x, (batch * time,) + x.shape[2:])
-    x_dt = _take(flat, read + rows, 0)
-    sorted_states = _sorted_states(states, order, pad, (units, count, dtype))
-    kind = _kind(inners[0])
-    params = _stacked_weights(inners, kind, dtype)
-    ys, finals = _tiers(kind, groups, x_dt, sorted_lengths, sorted_states, params)
+    keep = jnp.broadcast_to(t < rows.sorted(lengths)[None], read.shape)
+    ys, finals = setup.run(rows, read, keep)
     # One gather back: (batch, time, directions) slots of the kernel's
     # (directions, time, batch) outputs, rows in the caller's order.
-    tb = jnp.arange(time, dtype=jnp.int32)[None]
-    back = _read_steps(tb, lengths[:, None], directions)
-    d = jnp.arange(directions, dtype=jnp.int32)
-    index = (d * time + back) * (batch + pad) + inverse[:, None, None]
-    ys_flat = jnp.reshape(ys, (-1, units))
-    y = jnp.reshape(_take(ys_flat, index, 0), (batch, time, directions * units))
-    finals = [
-        [_take(s[e], inverse, 0) for s in finals] for e in range(directions)
-    ]
-    return y, finals
+    back = _read_steps(t.T, lengths[:, None], directions)
+    return rows.gather(ys, back), finals
+
+
+def run_in_place(inners, x, mask, initial_states, place, groups=None):
+    """Every direction of a call in one tiered recurrence, steps in the
+    caller's order: no step is moved, only rows are sorted.
+
+    Each row runs from its first valid step to its last (a second
+    direction from its last to its first); a masked step between them keeps
+    the state, as in Keras' masked loop. Rows are sorted by that span and
+    run in groups, each to its own longest span.
+
+    Args:
+        inners: One or two built Keras RNNs of one type and size.
+        x: Float `(batch, time, features)` in the caller's order; masked
+            steps are read as zeros.
+        mask: Bool `(batch, time)`, or None: every step valid.
+        initial_states: One entry per direction: its list of states, or
+            None for zeros.
+        place: `"zeros"`: each direction's output at every valid step,
+            zeros at masked steps. `"held"` (one direction): Keras' `RNN`
+            under a mask, a masked step repeats the last valid output,
+            zeros before the first. `"last"`: `(batch, units)`, the output
+            after the last step each direction reads; zeros for a row with
+            no valid step.
+        groups: Static number of row groups (`default_groups()` if None).
+
+    Returns:
+        `(outputs, states)`: the outputs `(batch, time, units * directions)`
+        (`(batch, units * directions)` for `"last"`), directions side by
+        side on the last axis, and one list of final states per direction,
+        each the state after the last valid step it reads (the initial
+        state for a row with none).
+    """
+    setup = _Setup(inners, x, initial_states)
+    if setup.empty:
+        return setup.empty_outputs(place), setup.empty_states()
+    time, batch, directions = setup.time, setup.batch, setup.directions
+    if mask is None:
+        mask = jnp.ones((batch, time), bool)
+    mask = jnp.asarray(mask).astype(bool)
+    setup.x = jnp.where(mask[..., None], setup.x, jnp.zeros((), setup.x.dtype))
+    t = jnp.arange(time, dtype=jnp.int32)
+    first = jnp.min(jnp.where(mask, t, time), axis=1)
+    last = jnp.max(jnp.where(mask, t, -1), axis=1)
+    spans = jnp.maximum(last - first + 1, 0)
+    rows = _SortedRows(spans, groups)
+    # The step each direction reads at span position i of a sorted row.
+    i = t[:, None]
+    reads = [rows.sorted(first)[None] + i, rows.sorted(last)[None] - i]
+    read = jnp.clip(jnp.stack(reads[:directions]), 0, time - 1)
+    flat_mask = jnp.reshape(mask, (-1,))
+    keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted(spans))
+    ys, finals = setup.run(rows, read, keep)
+    if place == "last":
+        has_steps = (spans > 0)[:, None]
+        y = jnp.concatenate([f[0] for f in finals], axis=-1)
+        return jnp.where(has_steps, y, jnp.zeros((), y.dtype)), finals
+    # Each step's span position, for each direction.
+    tb = t[None]
+    if place == "held":
+        position = jnp.clip(tb - first[:, None], 0, jnp.maximum(spans - 1, 0)[:, None])
+        shown = (tb >= first[:, None]) & (spans > 0)[:, None]
+        positions = position[..., None]
+    else:
+        back = [tb - first[:, None], last[:, None] - tb]
+        positions = jnp.clip(jnp.stack(back[:directions], axis=-1), 0, time - 1)
+        shown = mask
+    y = rows.gather(ys, positions)
+    return jnp.where(shown[..., None], y, jnp.zeros((), y.dtype)), finals
+
+
+class _Setup:
+    """What both entry points share: the inputs in the compute dtype, the
+    initial states, the stacked weights, and the kernel's call."""
+
+    def __init__(self, inners, x, initial_states):
+        self.dtype = dtype = _dtype(inners[0])
+        self.x = jnp.asarray(x).astype(dtype)
+        self.batch, self.time = self.x.shape[0], self.x.shape[1]
+        self.inners = inners
+        self.directions = len(inners)
+        self.units = inners[0].cell.units
+        self.count = 2 if type(inners[0]) is keras.layers.LSTM else 1
+        self.states = [
+            [jnp.asarray(s).astype(dtype) for s in i] if i is not None else None
+            for i in initial_states
+        ]
+        self.empty = self.batch == 0 or self.time == 0
+
+    def empty_outputs(self, place):
+        width = self.units * self.directions
+        if place == "last":
+            return jnp.zeros((self.batch, width), self.dtype)
+        return jnp.zeros((self.batch, self.time, width), self.dtype)
+
+    def empty_states(self):
+        zeros = [jnp.zeros((self.batch, self.units), self.dtype)] * self.count
+        return [s if s is not None else zeros for s in self.states]
+
+    def run(self, rows, read, keep):
+        """Runs the kernel on the sorted rows, reading step `read[e, i, p]`
+        of sorted row `p` at position `i`; `(ys, finals)`, the final states
+        in the caller's row order."""
+        flat = jnp.reshape(self.x, (self.batch * self.time,) + self.x.shape[2:])
+        x_dt = _take(flat, read + rows.offsets(self.time), 0)
+        spec = (self.units, self.count, self.dtype)
+        states = _sorted_states(self.states, rows.order, rows.pad, spec)
+        kind = _kind(self.inners[0])
+        params = _stacked_weights(self.inners, kind, self.dtype)
+        ys, finals = _tiers(
+            kind, rows.groups, x_dt, rows.sorted(rows.spans), keep, states, params
+        )
+        finals = [
+            [_take(s[e], rows.inverse, 0) for s in finals]
+            for e in range(self.directions)
+        ]
+        return ys, finals
+
+
+class _SortedRows:
+    """Rows sorted by `spans` (longest first, stable) in `groups` equal
+    groups; rows of span 0 pad the batch to a multiple of the group size."""
+
+    def __init__(self, spans, groups):
+        batch = spans.shape[0]
+        self.spans = spans
+        self.order = jnp.argsort(-spans, stable=True).astype(jnp.int32)
+        # The inverse permutation, to put rows back.
+        self.inverse = (
+            jnp.zeros_like(self.order)
+            .at[self.order]
+            .set(jnp.arange(batch, dtype=jnp.int32), unique_indices=True)
+        )
+        groups = min(default_groups() if groups is None else groups, batch)
+        size = -(-batch // groups)
+        self.groups = -(-batch // size)
+        self.pad = self.groups * size - batch
+
+    def sorted(self, values):
+        """`(batch + pad,)` `values` of each sorted row (0 for padding)."""
+        return jnp.pad(_take(values, self.order, 0), (0, self.pad))
+
+    def offsets(self, time):
+        """Each sorted row's first index in the `(batch * time,)` view."""
+        return jnp.pad(self.order, (0, self.pad))[None, None] * time
+
+    def gather(self, ys, positions):
+        """`(batch, time, directions * units)`: direction `e` of row `b` at
+        step `t` reads the kernel's `ys[e, positions[b, t, e], row of b]`."""
+        directions, time, rows, units = ys.shape
+        batch = positions.shape[0]
+        e = jnp.arange(directions, dtype=jnp.int32)
+        index = (e * time + positions) * rows + self.inverse[:, None, None]
+        flat = jnp.reshape(ys, (-1, units))
+        y = _take(flat, index, 0)
+        return jnp.reshape(y, (batch, positions.shape[1], directions * units))
 
 
 def _sorted_states(states, order, pad, spec):
@@ -278,133 +410,6 @@ def _stacked_weights(inners, kind, dtype):
     return kernel, recurrent, bias
 
 
-def _t(matrix):
-    """The transpose of each matrix of a stack."""
-    return jnp.swapaxes(matrix, -1, -2)
-
-
-# ---- the cells: one step forward, one step back, the all-steps gradients.
-
-
-def _step(kind, params, x_t, states):
-    """One step of the cell on `(n, ...)` rows: `(new_states, saved)`, with
-    `saved` the pre-activations the backward step needs."""
-    kernel, recurrent, bias = params
-    if kind[0] == "lstm":
-        h, c = states
-        z = x_t @ kernel + h @ recurrent + bias
-        i, f, g, o = jnp.split(z, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return (jax.nn.sigmoid(o) * jnp.tanh(c), c), z
-    if kind[0] == "rnn":
-        (h,) = states
-        z = x_t @ kernel + bias + h @ recurrent
-        return (jnp.tanh(z),), ()
-    (h,) = states
-    units = h.shape[-1]
-    if kind[1]:
-        xz = x_t @ kernel + bias[0]
-        hz = h @ recurrent + bias[1]
-        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
-        hh = jnp.tanh(xz[..., 2 * units :] + r * hz[..., 2 * units :])
-    else:
-        xz = x_t @ kernel + bias
-        hz = h @ recurrent[..., : 2 * units]
-        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units:])
-        q = (r * h) @ recurrent[..., 2 * units :]
-        hh = jnp.tanh(xz[..., 2 * units :] + q)
-        hz = jnp.concatenate([hz, q], axis=-1)
-    return (z * h + (1 - z) * hh,), (xz, hz)
-
-
-def _step_back(kind, params, d_states, saved, prev, new):
-    """The VJP of one step: `(d_prev_states, d_pre)` from the gradients
-    `d_states` of its new states, its `saved` pre-activations and its
-    `prev` and `new` states; `d_pre` is what `_step_grads` reads."""
-    kernel, recurrent, bias = params
-    if kind[0] == "lstm":
-        dh, dc = d_states
-        c_prev = prev[1]
-        c = new[1]
-        i, f, g, o = jnp.split(saved, 4, axis=-1)
-        i, f, g, o = (
-            jax.nn.sigmoid(i),
-            jax.nn.sigmoid(f),
-            jnp.tanh(g),
-            jax.nn.sigmoid(o),
-        )
-        tc = jnp.tanh(c)
-        dc = dc + dh * o * (1 - tc * tc)
-        dz = jnp.concatenate(
-            [
-                dc * g * i * (1 - i),
-                dc * c_prev * f * (1 - f),
-                dc * i * (1 - g * g),
-                dh * tc * o * (1 - o),
-            ],
-            axis=-1,
-        )
-        return (dz @ _t(recurrent), dc * f), dz
-    if kind[0] == "rnn":
-        (dh,) = d_states
-        h = new[0]
-        dz = dh * (1 - h * h)
-        return (dz @ _t(recurrent),), dz
-    (dh,) = d_states
-    h_prev = prev[0]
-    xz, hz = saved
-    units = h_prev.shape[-1]
-    z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-    r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
-    rec_h = hz[..., 2 * units :]
-    pre_h = xz[..., 2 * units :] + (r * rec_h if kind[1] else rec_h)
-    hh = jnp.tanh(pre_h)
-    da = dh * (1 - z) * (1 - hh * hh)
-    dz = dh * (h_prev - hh) * z * (1 - z)
-    d_prev = dh * z
-    if kind[1]:
-        dr = da * rec_h * r * (1 - r)
-        d_prev = d_prev + jnp.concatenate([dz, dr, da * r], axis=-1) @ _t(recurrent)
-    else:
-        ds = da @ _t(recurrent[..., 2 * units :])
-        dr = ds * h_prev * r * (1 - r)
-        d_zr = jnp.concatenate([dz, dr], axis=-1)
-        d_prev = d_prev + ds * r + d_zr @ _t(recurrent[..., : 2 * units])
-    return (d_prev,), jnp.concatenate([dz, dr, da], axis=-1)
-
-
-def _step_grads(kind, params, x_dt, d_pre, h_prev, saved):
-    """`(dx, d_kernel, d_recurrent, d_bias)` of all steps from their
-    `d_pre`; `h_prev` holds the states before each step."""
-    kernel, recurrent, bias = params
-    # At least float32 (float64 stays float64).
-    acc = jnp.promote_types(x_dt.dtype, jnp.float32)
-    f32 = functools.partial(jnp.einsum, preferred_element_type=acc)
-    # Directions lead, then (time, batch): no transpose of the step axes.
-    dx = f32("etbg,edg->etbd", d_pre, kernel).astype(x_dt.dtype)
-    d_kernel = f32("etbd,etbg->edg", x_dt, d_pre)
-    d_in_bias = jnp.sum(d_pre, axis=(1, 2), dtype=acc)[:, None]
-    if kind[0] != "gru":
-        d_rec = f32("etbu,etbg->eug", h_prev, d_pre)
-        return dx, d_kernel, d_rec, d_in_bias
-    xz, hz = saved
-    units = h_prev.shape[-1]
-    r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
-    d_zr, da = d_pre[..., : 2 * units], d_pre[..., 2 * units :]
-    if kind[1]:
-        d_hz = jnp.concatenate([d_zr, da * r], axis=-1)
-        d_rec = f32("etbu,etbg->eug", h_prev, d_hz)
-        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(1, 2), dtype=acc)[:, None]])
-        return dx, d_kernel, d_rec, d_bias
-    d_rec = jnp.concatenate(
-        [f32("etbu,etbg->eug", h_prev, d_zr), f32("etbu,etbg->eug", r * h_prev, da)],
-        axis=-1,
-    )
-    return dx, d_kernel, d_rec, d_in_bias
-
-
 # ---- the groups, forward and back, with their VJP.
 #
 # `x_dt` is `(directions, time, batch, features)` with the rows sorted
@@ -444,14 +449,14 @@ def _buffer(shape, time, dtype):
     return jnp.zeros(shape[:1] + (time,) + shape[1:], dtype)
 
 
-def _forward(kind, groups, x_dt, lengths, states, params, save):
+def _forward(kind, groups, x_dt, spans, keep, states, params, save):
     """Runs every group: `(outputs, final_states, buffers)`, the buffers
     filled with `save` (the states and pre-activations of every step)."""
     time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
     dtype = x_dt.dtype
     state_shapes, saved_shapes = jax.eval_shape(
-        lambda s: _step(kind, params, x_dt[:, 0], s), states
+        lambda s: cells.step(kind, params, x_dt[:, 0], s), states
     )
     buf_states = tuple(_buffer(s.shape, time, dtype) for s in state_shapes)
     if not save:
@@ -463,13 +468,12 @@ def _forward(kind, groups, x_dt, lengths, states, params, save):
     def group(j, loop):
         finals, buf_states, buf_saved = loop
         first = j * size
-        live = lax.dynamic_slice_in_dim(lengths, first, size)[:, None]
 
         def step(t, loop):
             state, buf_states, buf_saved = loop
-            new, saved = _step(kind, params, _at(x_dt, t, first, size), state)
-            keep = t < live
-            new = tuple(jnp.where(keep, a, b) for a, b in zip(new, state))
+            new, saved = cells.step(kind, params, _at(x_dt, t, first, size), state)
+            kept = _at(keep, t, first, size)[..., None]
+            new = tuple(jnp.where(kept, a, b) for a, b in zip(new, state))
             buf_states = tuple(
                 _put(b, s, t, first) for b, s in zip(buf_states, new)
             )
@@ -481,7 +485,7 @@ def _forward(kind, groups, x_dt, lengths, states, params, save):
 
         initial = tuple(_rows(s, first, size) for s in states)
         state, buf_states, buf_saved = lax.fori_loop(
-            0, lengths[first], step, (initial, buf_states, buf_saved)
+            0, spans[first], step, (initial, buf_states, buf_saved)
         )
         finals = tuple(
             lax.dynamic_update_slice_in_dim(f, s, first, axis=1)
@@ -496,30 +500,32 @@ def _forward(kind, groups, x_dt, lengths, states, params, save):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _tiers(kind, groups, x_dt, lengths, states, params):
+def _tiers(kind, groups, x_dt, spans, keep, states, params):
     """The grouped recurrence over sorted `(directions, time, batch,
     features)` `x_dt`: `(outputs (directions, time, batch, units), final
     states)`."""
-    ys, finals, _ = _forward(kind, groups, x_dt, lengths, states, params, save=False)
+    ys, finals, _ = _forward(
+        kind, groups, x_dt, spans, keep, states, params, save=False
+    )
     return ys, finals
 
 
-def _tiers_fwd(kind, groups, x_dt, lengths, states, params):
+def _tiers_fwd(kind, groups, x_dt, spans, keep, states, params):
     ys, finals, buffers = _forward(
-        kind, groups, x_dt, lengths, states, params, save=True
+        kind, groups, x_dt, spans, keep, states, params, save=True
     )
-    return (ys, finals), (x_dt, lengths, states, params, buffers)
+    return (ys, finals), (x_dt, spans, keep, states, params, buffers)
 
 
 def _tiers_bwd(kind, groups, residuals, cotangents):
-    x_dt, lengths, states, params, (buf_states, buf_saved) = residuals
+    x_dt, spans, keep, states, params, (buf_states, buf_saved) = residuals
     d_ys, d_finals = cotangents
     time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
     dtype = x_dt.dtype
     saved0 = jax.tree.map(lambda b: b[:, 0], buf_saved)
     d_pre_shape = jax.eval_shape(
-        lambda: _step_back(kind, params, states, saved0, states, states)[1]
+        lambda: cells.step_back(kind, params, states, saved0, states, states)[1]
     )
     # Every step's pre-activation gradients (zeros at the steps skipped).
     d_pre = _buffer(d_pre_shape.shape, time, dtype)
@@ -528,22 +534,23 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
     def group(j, loop):
         d_initial, d_pre = loop
         first = j * size
-        live = lax.dynamic_slice_in_dim(lengths, first, size)[:, None]
-        steps = lengths[first]
+        steps = spans[first]
         initial = tuple(_rows(s, first, size) for s in states)
 
         def step(i, loop):
             d_state, d_pre = loop
             t = steps - 1 - i
-            keep = t < live
+            kept = _at(keep, t, first, size)[..., None]
             dy = _at(d_ys, t, first, size)
-            d_in = (d_state[0] + jnp.where(keep, dy, 0),) + d_state[1:]
+            # A step that keeps the state passes the gradient of its output
+            # on to the step before: its output is the state it kept.
+            d_in = (d_state[0] + dy,) + d_state[1:]
             saved = jax.tree.map(lambda b: _at(b, t, first, size), buf_saved)
             new = tuple(_at(b, t, first, size) for b in buf_states)
             prev = _state_before(buf_states, initial, t, first, size)
-            d_prev, d_step = _step_back(kind, params, d_in, saved, prev, new)
-            d_state = tuple(jnp.where(keep, a, b) for a, b in zip(d_prev, d_state))
-            return d_state, _put(d_pre, jnp.where(keep, d_step, 0), t, first)
+            d_prev, d_step = cells.step_back(kind, params, d_in, saved, prev, new)
+            d_state = tuple(jnp.where(kept, a, b) for a, b in zip(d_prev, d_in))
+            return d_state, _put(d_pre, jnp.where(kept, d_step, 0), t, first)
 
         d_last = tuple(_rows(d, first, size) for d in d_finals)
         d_state, d_pre = lax.fori_loop(0, steps, step, (d_last, d_pre))
@@ -556,13 +563,13 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
     d_initial, d_pre = lax.fori_loop(0, groups, group, (d_finals, d_pre))
     # The inputs' and the weights' gradients, every step at once.
     h_prev = jnp.concatenate([states[0][:, None], buf_states[0][:, :-1]], axis=1)
-    dx, d_kernel, d_rec, d_bias = _step_grads(
+    dx, d_kernel, d_rec, d_bias = cells.step_grads(
         kind, params, x_dt, d_pre, h_prev, buf_saved
     )
     d_params = tuple(
         d.astype(p.dtype) for d, p in zip((d_kernel, d_rec, d_bias), params)
     )
-    return dx, None, d_initial, d_params
+    return dx, None, None, d_initial, d_params
 
 
 def _state_before(buf_states, initial, t, first, size):

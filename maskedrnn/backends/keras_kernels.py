@@ -157,6 +157,15 @@ def no_one_call_kernel(*args, **kwargs):
     )
 
 
+def no_in_place_kernel(*args, **kwargs):
+    """`run_one_call_in_place` of a backend whose one-call kernels, if any,
+    read valid-first data only."""
+    raise NotImplementedError(
+        f"the {keras.backend.backend()} backend has no one-call kernel that "
+        "reads the caller's order (only JAX's length tiers do)"
+    )
+
+
 def one_call_reason(inners):
     """`one_call_reason` of a backend without one-call kernels: None."""
     return None

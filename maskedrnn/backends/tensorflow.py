@@ -23,6 +23,8 @@ scalar = keras_kernels.scalar
 gather_or_zero = keras_kernels.gather_or_zero
 ONE_CALL_KERNELS = ()
 run_one_call = keras_kernels.no_one_call_kernel
+IN_PLACE_KERNELS = ()
+run_one_call_in_place = keras_kernels.no_in_place_kernel
 one_call_reason = keras_kernels.one_call_reason
 
 

@@ -37,6 +37,9 @@ KERNELS = (
     "keras-masked",
 )
 ONE_CALL_KERNELS = ("torch-fused",)
+# No kernel of a call reads the caller's order and places its outputs itself.
+IN_PLACE_KERNELS = ()
+run_one_call_in_place = keras_kernels.no_in_place_kernel
 
 _SIGMOID = (keras.activations.sigmoid, torch.sigmoid, keras.ops.sigmoid)
 _TANH = TANH

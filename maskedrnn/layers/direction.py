@@ -240,23 +240,35 @@ def run_plan(
             for d, state, back in zip(directions, initial_states, backward)
         ]
     elif strategy == "one_call":
-        y, states = backends.current().run_one_call(
-            plan.kernel(0),
-            [d.inner for d in directions],
-            valid_first_zeroed(x, steps),
-            steps,
-            initial_states,
-            training,
-            want_states,
-        )
-        if joined and place == "zeros":
-            return (in_place(y, steps) if steps.masked else y), states
+        backend = backends.current()
+        kernel = plan.kernel(0)
+        inners = [d.inner for d in directions]
+        placed = kernel in backend.IN_PLACE_KERNELS
+        if placed:
+            # The kernel reads the caller's order and places its outputs.
+            y, states = backend.run_one_call_in_place(
+                kernel, inners, x, steps, initial_states, training, want_states, place
+            )
+            if joined:
+                return y, states
+        else:
+            y, states = backend.run_one_call(
+                kernel,
+                inners,
+                valid_first_zeroed(x, steps),
+                steps,
+                initial_states,
+                training,
+                want_states,
+            )
+            if joined and place == "zeros":
+                return (in_place(y, steps) if steps.masked else y), states
         sizes = [output_size(d.inner) for d in directions]
         ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
-        results = [
-            (_place(y[..., end - size : end], steps, place, back), st)
-            for size, end, back, st in zip(sizes, ends, backward, states)
-        ]
+        results = []
+        for size, end, back, st in zip(sizes, ends, backward, states):
+            y_d = y[..., end - size : end]
+            results.append((y_d if placed else _place(y_d, steps, place, back), st))
     else:
         x = steps.valid_first(x)
         results = []
