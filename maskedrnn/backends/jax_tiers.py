@@ -193,9 +193,9 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     # each row's steps along the second axis, a backward direction's reversed
     # by length.
     t = jnp.arange(time, dtype=jnp.int32)[:, None]
-    read = _read_steps(t, rows.sorted(lengths)[None], directions)
+    read = _read_steps(t, rows.sorted_spans[None], directions)
     read = jnp.transpose(read, (2, 0, 1))
-    keep = jnp.broadcast_to(t < rows.sorted(lengths)[None], read.shape)
+    keep = jnp.broadcast_to(t < rows.sorted_spans[None], read.shape)
     ys, finals = setup.run(rows, read, keep)
     # One gather back: (batch, time, directions) slots of the kernel's
     # (directions, time, batch) outputs, rows in the caller's order.
@@ -252,7 +252,7 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     reads = [rows.sorted(first)[None] + i, rows.sorted(last)[None] - i]
     read = jnp.clip(jnp.stack(reads[:directions]), 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
-    keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted(spans))
+    keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted_spans)
     ys, finals = setup.run(rows, read, keep)
     if place == "last":
         has_steps = (spans > 0)[:, None]
@@ -311,7 +311,7 @@ class _Setup:
         kind = _kind(self.inners[0])
         params = _stacked_weights(self.inners, kind, self.dtype)
         ys, finals = _tiers(
-            kind, rows.groups, x_dt, rows.sorted(rows.spans), keep, states, params
+            kind, rows.groups, x_dt, rows.sorted_spans, keep, states, params
         )
         finals = [
             [_take(s[e], rows.inverse, 0) for s in finals]
@@ -326,7 +326,6 @@ class _SortedRows:
 
     def __init__(self, spans, groups):
         batch = spans.shape[0]
-        self.spans = spans
         self.order = jnp.argsort(-spans, stable=True).astype(jnp.int32)
         # The inverse permutation, to put rows back.
         self.inverse = (
@@ -338,6 +337,8 @@ class _SortedRows:
         size = -(-batch // groups)
         self.groups = -(-batch // size)
         self.pad = self.groups * size - batch
+        # Each sorted row's span: its group's loop bound and its steps' keep.
+        self.sorted_spans = self.sorted(spans)
 
     def sorted(self, values):
         """`(batch + pad,)` `values` of each sorted row (0 for padding)."""
