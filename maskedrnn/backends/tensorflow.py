@@ -8,12 +8,14 @@ unmasked on valid-first data.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from maskedrnn.backends import keras_kernels
 from maskedrnn.backends import tensorflow_block_lstm as block_lstm
 from maskedrnn.backends import tensorflow_cells as cells
+from maskedrnn.backends.tensorflow_shapes import leading_shape, size
 
 NAME = "tensorflow"
 KERNELS = (block_lstm.KERNEL, cells.KERNEL, "keras-unmasked", "keras-masked")
@@ -63,11 +65,21 @@ def gather_time(x, index):
     @tf.custom_gradient
     def gather(x):
         def grad(dy):
-            shape = tf.shape(x)
-            offsets = tf.range(shape[0]) * shape[1]
-            rows = tf.reshape(index + offsets[:, None], [-1])
-            dy = tf.reshape(dy, tf.concat([[-1], shape[2:]], 0))
-            dx = tf.math.unsorted_segment_sum(dy, rows, shape[0] * shape[1])
+            batch, time = size(x, 0), size(x, 1)
+            if isinstance(batch, int) and isinstance(time, int):
+                offsets = tf.constant(np.arange(batch, dtype="int32")[:, None] * time)
+            else:
+                offsets = tf.expand_dims(tf.range(batch) * time, 1)
+            rows = tf.reshape(index + offsets, [-1])
+            trailing = x.shape[2:].as_list()
+            if None in trailing:
+                trailing = tf.shape(x)[2:]
+                dy = tf.reshape(dy, tf.concat([[-1], trailing], 0))
+                shape = tf.shape(x)
+            else:
+                dy = tf.reshape(dy, [-1] + trailing)
+                shape = leading_shape(x, 2, trailing)
+            dx = tf.math.unsorted_segment_sum(dy, rows, batch * time)
             return tf.reshape(dx, shape)
 
         return tf.gather(x, index, batch_dims=1), grad

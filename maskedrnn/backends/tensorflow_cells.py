@@ -15,6 +15,7 @@ from keras import ops
 from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
+from maskedrnn.backends.tensorflow_shapes import leading_shape, reshape_to, size
 
 KERNEL = "tf-tiers"
 DTYPES = ("float16", "float32", "float64")
@@ -100,9 +101,8 @@ def describe(inner):
 
 def _flat_matmul(a, b):
     """`a @ b` over the last axis of a 3-d `a`."""
-    shape = tf.shape(a)
-    out = tf.matmul(tf.reshape(a, tf.stack([-1, shape[-1]])), b)
-    return tf.reshape(out, tf.concat([shape[:-1], tf.shape(b)[-1:]], 0))
+    out = tf.matmul(tf.reshape(a, [-1, a.shape[2]]), b)
+    return tf.reshape(out, leading_shape(a, 2, [b.shape[1]]))
 
 
 def _sum_dtype(dtype):
@@ -113,8 +113,8 @@ def _sum_dtype(dtype):
 def _sum_matmul(a, b):
     """Sum over steps and rows of `a^T b`, in `_sum_dtype`."""
     dtype = _sum_dtype(a.dtype)
-    a = tf.cast(tf.reshape(a, tf.stack([-1, tf.shape(a)[-1]])), dtype)
-    b = tf.cast(tf.reshape(b, tf.stack([-1, tf.shape(b)[-1]])), dtype)
+    a = tf.cast(tf.reshape(a, [-1, a.shape[-1]]), dtype)
+    b = tf.cast(tf.reshape(b, [-1, b.shape[-1]]), dtype)
     return tf.matmul(a, b, transpose_a=True)
 
 
@@ -138,20 +138,21 @@ def _scan(step, h0, seqs, widths, backward=False):
         `(h, outs)`: the last carried value and one `(steps, rows,
         width_i)` tensor per `widths`.
     """
-    steps, rows = tf.shape(seqs[0])[0], tf.shape(h0)[0]
+    steps, rows = size(seqs[0], 0), size(h0, 0)
     dtype = seqs[0].dtype
     blocks = (steps + BLOCK - 1) // BLOCK
     pad = blocks * BLOCK - steps
     blocked = [
         tf.reshape(
             tf.pad(s, [[0, pad], [0, 0], [0, 0]]),
-            tf.stack([blocks, BLOCK, rows, tf.shape(s)[-1]]),
+            reshape_to([blocks, BLOCK, rows, s.shape[-1]]),
         )
         for s in seqs
     ]
+    known_rows = rows if isinstance(rows, int) else None
     arrays = [
         tf.TensorArray(
-            dtype, size=blocks, element_shape=tf.TensorShape([BLOCK, None, w])
+            dtype, size=blocks, element_shape=tf.TensorShape([BLOCK, known_rows, w])
         )
         for w in widths
     ]
@@ -174,11 +175,15 @@ def _scan(step, h0, seqs, widths, backward=False):
     )
     results = []
     for a, w in zip(out[2:], widths):
-        # An empty TensorArray of unknown row count does not stack.
-        full = tf.cond(
-            blocks > 0, a.stack, lambda: tf.zeros((0, BLOCK, rows, w), dtype)
-        )
-        results.append(tf.reshape(full, tf.stack([blocks * BLOCK, rows, w]))[:steps])
+        if known_rows is not None:
+            full = a.stack()
+        else:
+            # An empty TensorArray of unknown row count does not stack.
+            full = tf.cond(
+                blocks > 0, a.stack, lambda: tf.zeros((0, BLOCK, rows, w), dtype)
+            )
+        full = tf.reshape(full, reshape_to([blocks * BLOCK, rows, w]))
+        results.append(full[:steps])
     return out[1], results
 
 

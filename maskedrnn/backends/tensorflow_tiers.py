@@ -20,6 +20,7 @@ from tensorflow.python.ops import control_flow_util
 
 from maskedrnn import backends
 from maskedrnn.backends import Reason
+from maskedrnn.backends.tensorflow_shapes import size
 
 # Each tier is one more recurrence to trace and optimise, paid again on
 # every first call: at most 4 tiers. An unknown batch counts as 32 rows
@@ -139,27 +140,30 @@ def run_tiers(x, states, lengths, recurrence, tiers, want_states):
         and the final `states[1:]` (any value for an empty row), or None
         without `want_states`.
     """
-    batch = x.shape[0] if x.shape[0] is not None else tf.shape(x)[0]
-    time = tf.shape(x)[1]
+    batch, time = size(x, 0), size(x, 1)
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
     if tiers == 1:
         order = None
-        ends = tf.reduce_max(tf.concat([lengths, [0]], axis=0))[None]
+        # One tier, unsorted, to the longest row.
+        end = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
+        past = time - end
+        steps = tf.stack([end, past])
     else:
         # top_k sorts stably (equal lengths keep their order), in fewer ops
         # than tf.argsort.
-        lengths, order = tf.math.top_k(lengths, k=tf.shape(lengths)[0])
+        lengths, order = tf.math.top_k(lengths, k=batch)
         inverse = tf.math.invert_permutation(order)
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
         # Sorted, the longest row of rows [m, batch) is row m.
         ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
-    starts = tf.concat([[0], ends[:-1]], axis=0)
-    steps = tf.concat([ends - starts, [time - ends[-1]]], axis=0)
+        bounds = tf.concat([[0], ends, [time]], axis=0)
+        steps = bounds[1:] - bounds[:-1]
+        past = steps[tiers]
     sequences = recurrence(tf.transpose(x, (1, 0, 2)), steps, states, rows[:tiers])
-    past = tf.zeros((steps[tiers], batch, sequences[0].shape[-1]), x.dtype)
+    past = tf.zeros((past, batch, sequences[0].shape[-1]), x.dtype)
     h = tf.transpose(tf.concat([sequences[0], past], axis=0), (1, 0, 2))
     if want_states:
         others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
@@ -186,7 +190,7 @@ def chained(segment):
                 x_k = first_rows(x_k, rows_k)
                 states = states_after(states, per_tier[-1], rows_k)
             per_tier.append(segment(x_k, states))
-        pads = paddings(x.shape[1] or tf.shape(x)[1], rows)
+        pads = paddings(size(x, 1), rows)
         return [full([s[i] for s in per_tier], pads) for i in range(len(states))]
 
     return recurrence
