@@ -150,6 +150,15 @@ class Steps:
     def reverse(self):
         return mops.reverse_index(self.lengths, self.time)
 
+    def shared(self, key, make):
+        """`make()`, made once per `Steps` under `key`: a value a kernel
+        derives from the batch's steps (a row order, say), shared by every
+        direction of the call, which all read the same rows."""
+        made = self.__dict__.setdefault("_shared", {})
+        if key not in made:
+            made[key] = make()
+        return made[key]
+
     def valid_first(self, x):
         """`x` in valid-first order (no copy when it already is)."""
         return x if self.order is None else mops.gather_time(x, self.order)

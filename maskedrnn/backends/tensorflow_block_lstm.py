@@ -98,7 +98,7 @@ def constants(weights):
     return w_h, w_h_icfo, tf.zeros((units,), weights.dtype)
 
 
-def block_lstm(x, h0, c0, weights, bias, no_peephole):
+def block_lstm(x, h0, c0, weights, bias, no_peephole, steps):
     """`BlockLSTMV2` over every step of time-major `x`, with no gradient of
     its own (`tiered` holds the gradient of every tier).
 
@@ -109,13 +109,14 @@ def block_lstm(x, h0, c0, weights, bias, no_peephole):
             recurrent_kernel])`, gates in Keras' order (i, f, c, o).
         bias: `(4 * units,)`.
         no_peephole: `(units,)` zeros.
+        steps: int64 scalar, the size of `x`'s time axis.
 
     Returns:
         The op's seven outputs `(i, cs, f, o, ci, co, h)`, each `(time,
         batch, units)`: `cs` the cell states and `h` the outputs.
     """
     return tf.raw_ops.BlockLSTMV2(
-        seq_len_max=tf.cast(tf.shape(x)[0], tf.int64),
+        seq_len_max=steps,
         x=x,
         cs_prev=c0,
         h_prev=h0,
@@ -162,6 +163,10 @@ def tiered(weights, bias):
         calls = count * backends.directions_in_call()
         pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
 
+        past = steps[count]
+        # Each tier's steps for its op, in one op.
+        op_steps = tf.unstack(tf.cast(steps, tf.int64), num=count + 1)
+
         @tf.custom_gradient
         def run(x, h0, c0, weights, bias):
             segments = tf.split(x, steps, num=count + 1)
@@ -173,8 +178,10 @@ def tiered(weights, bias):
                     last = gates[-1]
                     ins.append(tiers.states_after(ins[-1], [last[6], last[1]], rows_k))
                 xs.append(x_k)
-                gates.append(block_lstm(x_k, *ins[-1], weights, bias, shared[2]))
-            h, cs = (tiers.full([g[j] for g in gates], pads) for j in (6, 1))
+                gates.append(
+                    block_lstm(x_k, *ins[-1], weights, bias, shared[2], op_steps[k])
+                )
+            h, cs = (tiers.full([g[j] for g in gates], pads, past) for j in (6, 1))
 
             def grad(h_grad, cs_grad):
                 if h_grad is None:
@@ -182,10 +189,7 @@ def tiered(weights, bias):
                 if cs_grad is None:
                     cs_grad = tf.zeros_like(cs)
                 # Each tier's steps and rows of the outputs' gradients.
-                split = [
-                    tf.split(g, steps[:count], num=count) if count > 1 else [g]
-                    for g in (h_grad, cs_grad)
-                ]
+                split = [tf.split(g, steps, num=count + 1) for g in (h_grad, cs_grad)]
                 x_grads, weights_grad, bias_grad = [None] * count, 0, 0
                 carried = [tf.zeros_like(ins[-1][0])] * 2
                 for k in reversed(range(count)):
@@ -211,10 +215,7 @@ def tiered(weights, bias):
                     x_grads[k] = x_grad
                     weights_grad += w_grad
                     bias_grad += b_grad
-                past = tf.zeros(
-                    tf.concat([steps[count:], tf.shape(x)[1:]], 0), x.dtype
-                )
-                x_grad = tf.concat([tiers.full(x_grads, pads), past], 0)
+                x_grad = tiers.full(x_grads, pads, past)
                 return x_grad, *carried, weights_grad, bias_grad
 
             return (h, cs), grad
@@ -383,11 +384,10 @@ def run(inner, x, initial_state, steps, want_states):
         bias = tf.zeros((4 * units,), dtype)
     h0 = ops.cast(initial_state[0], dtype)
     c0 = ops.cast(initial_state[1], dtype)
-    lengths = tf.cast(steps.lengths, "int32")
     y, others = tiers.run_tiers(
         x,
         [h0, c0],
-        lengths,
+        steps,
         tiered(weights, bias),
         tiers.tier_count(x.shape[0], TIER_ROWS),
         want_states,

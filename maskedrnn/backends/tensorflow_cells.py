@@ -416,7 +416,7 @@ def run(inner, x, initial_state, steps, want_states):
     y, _ = tiers.run_tiers(
         x,
         [h0],
-        tf.cast(steps.lengths, "int32"),
+        steps,
         tiers.chained(_segment(cell, dtype, calls > 1)),
         count,
         want_states=False,

@@ -112,7 +112,7 @@ def in_xla_context():
     return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
-def run_tiers(x, states, lengths, recurrence, tiers, want_states):
+def run_tiers(x, states, steps, recurrence, tiers, want_states):
     """`recurrence` over batch-major valid-first `x` in `tiers` tiers.
 
     Tier k runs the sorted rows `[0, m_k)` from where tier k - 1 stopped
@@ -123,15 +123,15 @@ def run_tiers(x, states, lengths, recurrence, tiers, want_states):
         x: `(batch, time, features)`, valid-first, zeros at padded steps.
         states: List of `(batch, units_i)` initial states; `states[0]` is
             the output (`h`).
-        lengths: int32 `(batch,)`.
+        steps: The batch's `maskedrnn.steps.Steps`.
         recurrence: `recurrence(x, steps, states, rows) -> sequences`: runs
             every tier over the time-major, sorted `x` `(time, batch,
             features)`, tier k over the next `steps[k]` steps and the rows
             `[0, rows[k])`, from the states after the tier before
             (`states` before tier 0); `steps` ends with the steps past
             every tier, `rows` (Python ints or scalars) has one entry per
-            tier. Returns one `(tiers' steps, batch, units_i)` sequence per
-            state, tier after tier (`full`).
+            tier. Returns one `(time, batch, units_i)` sequence per state,
+            tier after tier, zeros past every tier (`full`).
         tiers: Python int, the number of tiers (`tier_count`).
         want_states: Whether the final states other than `h` are wanted.
 
@@ -144,27 +144,16 @@ def run_tiers(x, states, lengths, recurrence, tiers, want_states):
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    if tiers == 1:
-        order = None
-        # One tier, unsorted, to the longest row.
-        end = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        past = time - end
-        steps = tf.stack([end, past])
-    else:
-        # top_k sorts stably (equal lengths keep their order), in fewer ops
-        # than tf.argsort.
-        lengths, order = tf.math.top_k(lengths, k=batch)
-        inverse = tf.math.invert_permutation(order)
+    lengths, order, inverse = _sorted_lengths(steps, batch, tiers)
+    if order is not None:
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
-        # Sorted, the longest row of rows [m, batch) is row m.
-        ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
-        bounds = tf.concat([[0], ends, [time]], axis=0)
-        steps = bounds[1:] - bounds[:-1]
-        past = steps[tiers]
-    sequences = recurrence(tf.transpose(x, (1, 0, 2)), steps, states, rows[:tiers])
-    past = tf.zeros((past, batch, sequences[0].shape[-1]), x.dtype)
-    h = tf.transpose(tf.concat([sequences[0], past], axis=0), (1, 0, 2))
+    tier_steps = steps.shared(
+        ("tf-tier-steps", tiers), lambda: _tier_steps(lengths, rows, time)
+    )
+    x = tf.transpose(x, (1, 0, 2))
+    sequences = recurrence(x, tier_steps, states, rows[:tiers])
+    h = tf.transpose(sequences[0], (1, 0, 2))
     if want_states:
         others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
     else:
@@ -191,7 +180,8 @@ def chained(segment):
                 states = states_after(states, per_tier[-1], rows_k)
             per_tier.append(segment(x_k, states))
         pads = paddings(size(x, 1), rows)
-        return [full([s[i] for s in per_tier], pads) for i in range(len(states))]
+        past = steps[len(rows)]
+        return [full([s[i] for s in per_tier], pads, past) for i in range(len(states))]
 
     return recurrence
 
@@ -226,12 +216,44 @@ def paddings(batch, rows):
     ]
 
 
-def full(per_tier, pads):
+def full(per_tier, pads, past):
     """Tier k's `(steps_k, rows[k], width)` tensors as one `(steps, batch,
     width)` tensor, tier after tier on the time axis, zeros at the rows of
-    no tier; `pads` from `paddings`."""
+    no tier, then `past` steps of zeros; `pads` from `paddings`."""
     padded = [per_tier[0]] + [tf.pad(t, p) for t, p in zip(per_tier[1:], pads)]
-    return padded[0] if len(padded) == 1 else tf.concat(padded, axis=0)
+    joined = padded[0] if len(padded) == 1 else tf.concat(padded, axis=0)
+    # A pad, whose gradient is one slice (a concat's is several ops).
+    return tf.pad(joined, [[0, past], [0, 0], [0, 0]])
+
+
+def _tier_steps(lengths, rows, time):
+    """The steps of each tier of sorted `lengths`, then those past every
+    tier: `(tiers + 1,)` int32."""
+    if len(rows) == 2:
+        # One tier, unsorted, to the longest row.
+        end = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
+        return tf.stack([end, time - end])
+    # Sorted, the longest row of rows [m, batch) is row m.
+    ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
+    bounds = tf.concat([[0], ends, [time]], axis=0)
+    return bounds[1:] - bounds[:-1]
+
+
+def _sorted_lengths(steps, batch, tiers):
+    """`(lengths, order, inverse)`: int32 `lengths` sorted longest first,
+    the sort's permutation and its inverse; for one tier the lengths as
+    they are and None twice. Sorted once per call, for every direction."""
+    lengths = steps.shared("tf-lengths", lambda: tf.cast(steps.lengths, "int32"))
+    if tiers == 1:
+        return lengths, None, None
+
+    def sort():
+        # top_k sorts stably (equal lengths keep their order), in fewer ops
+        # than tf.argsort.
+        ordered, order = tf.math.top_k(lengths, k=batch)
+        return ordered, order, tf.math.invert_permutation(order)
+
+    return steps.shared("tf-sorted-lengths", sort)
 
 
 def _last_states(seq, lengths, batch):
