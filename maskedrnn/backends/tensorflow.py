@@ -10,7 +10,6 @@ unmasked on valid-first data.
 import keras
 import numpy as np
 import tensorflow as tf
-from keras import ops
 
 from maskedrnn.backends import keras_kernels
 from maskedrnn.backends import tensorflow_block_lstm as block_lstm
@@ -46,8 +45,9 @@ def host_readable(x):
 
 
 def invert_permutation(perm):
-    """Inverts each row of int32 `(batch, time)` permutations (an argsort)."""
-    return ops.cast(ops.argsort(perm, axis=1), "int32")
+    """Inverts each row of int32 `(batch, time)` permutations: an argsort,
+    as one `top_k` of the negated rows (distinct values, so no ties)."""
+    return tf.math.top_k(-perm, k=size(perm, 1)).indices
 
 
 def take_rows(flat, index):

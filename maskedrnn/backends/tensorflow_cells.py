@@ -312,55 +312,65 @@ _RNN_FORWARD = _shared_graph(_rnn_forward)
 _RNN_BACKWARD = _shared_graph(_rnn_backward)
 
 
-def _call(function, sequences, others, shared):
-    """`function(*sequences, *others)`: the shared graph traced for any rows
-    and steps where `shared` (or eagerly), else its ops traced in place.
+def _call(function, sequences, others, shared, rows_known):
+    """`function(*sequences, *others)`: the shared graph traced for any
+    steps where `shared` (or eagerly), else its ops traced in place.
     In the shared trace each of `sequences` (the tensors of a tier's rows
-    and steps) has every dimension but its last unknown; the weights and
-    Python values of `others` are part of it as they are."""
+    and steps: `(steps, rows, width)` or `(rows, width)`) has its steps
+    unknown, and its rows too unless `rows_known` (one tier, so one trace
+    of known sizes serves every call); the weights and Python values of
+    `others` are part of it as they are."""
     if not (shared or tf.executing_eagerly()):
         return function.python_function(*sequences, *others)
-    specs = [
-        tf.TensorSpec([None] * (t.shape.rank - 1) + t.shape[-1:], t.dtype)
-        for t in sequences
-    ]
+    # Eagerly, one trace serves batches of every size.
+    rows_known = rows_known and not tf.executing_eagerly()
+    specs = []
+    for t in sequences:
+        dims = t.shape.as_list()
+        if len(dims) == 3:
+            dims[0] = None
+        if not rows_known:
+            dims[-2] = None
+        specs.append(tf.TensorSpec(dims, t.dtype))
     function.get_concrete_function(*specs, *others)
     return function(*sequences, *others)
 
 
-def _gru_recurrence(xp, h0, u, bh, reset_after, shared):
+def _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known):
     @tf.custom_gradient
     def recurrence(xp, h0, u, bh):
         units = u.shape[0]
-        hs = _call(_GRU_FORWARD, (xp, h0), (u, bh, reset_after, units), shared)
+        others = (u, bh, reset_after, units)
+        hs = _call(_GRU_FORWARD, (xp, h0), others, shared, rows_known)
 
         def grad(dhs):
             sequences = (xp, h0, hs, dhs)
-            others = (u, bh, reset_after, units)
-            return _call(_GRU_BACKWARD, sequences, others, shared)
+            return _call(_GRU_BACKWARD, sequences, others, shared, rows_known)
 
         return hs, grad
 
     return recurrence(xp, h0, u, bh)
 
 
-def _rnn_recurrence(xp, h0, u, shared):
+def _rnn_recurrence(xp, h0, u, shared, rows_known):
     @tf.custom_gradient
     def recurrence(xp, h0, u):
         units = u.shape[0]
-        hs = _call(_RNN_FORWARD, (xp, h0), (u, units), shared)
+        hs = _call(_RNN_FORWARD, (xp, h0), (u, units), shared, rows_known)
 
         def grad(dhs):
-            return _call(_RNN_BACKWARD, (xp, h0, hs, dhs), (u, units), shared)
+            sequences = (xp, h0, hs, dhs)
+            return _call(_RNN_BACKWARD, sequences, (u, units), shared, rows_known)
 
         return hs, grad
 
     return recurrence(xp, h0, u)
 
 
-def _segment(cell, dtype, shared):
+def _segment(cell, dtype, shared, rows_known):
     """The `segment` running one tier of `cell`, weights cast once, its step
-    loops the shared graphs where `shared`."""
+    loops the shared graphs where `shared` (traced for the rows of the
+    one tier where `rows_known`)."""
     kernel = ops.cast(cell.kernel, dtype)
     u = ops.cast(cell.recurrent_kernel, dtype)
     units = cell.units
@@ -381,8 +391,9 @@ def _segment(cell, dtype, shared):
         if b is not None:
             xp = xp + b
         if isinstance(cell, keras.layers.GRUCell):
-            return [_gru_recurrence(xp, states[0], u, bh, reset_after, shared)]
-        return [_rnn_recurrence(xp, states[0], u, shared)]
+            h0 = states[0]
+            return [_gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known)]
+        return [_rnn_recurrence(xp, states[0], u, shared, rows_known)]
 
     return segment
 
@@ -417,7 +428,7 @@ def run(inner, x, initial_state, steps, want_states):
         x,
         [h0],
         steps,
-        tiers.chained(_segment(cell, dtype, calls > 1)),
+        tiers.chained(_segment(cell, dtype, calls > 1, count == 1)),
         count,
         want_states=False,
     )

@@ -154,6 +154,8 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
     x = tf.transpose(x, (1, 0, 2))
     sequences = recurrence(x, tier_steps, states, rows[:tiers])
     h = tf.transpose(sequences[0], (1, 0, 2))
+    # The padded tiers' time axis is traced unknown; it is `x`'s.
+    h.set_shape(x.shape[1:2].concatenate(x.shape[0:1]).concatenate(h.shape[2:]))
     if want_states:
         others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
     else:
