@@ -90,7 +90,8 @@ def describe(inner):
 
 
 def constants(weights):
-    """`(w_h, w_h_icfo, no_peephole)`, built once for a direction's tiers."""
+    """`(w_h, w_h_icfo, no_peephole)`, built once for a direction's
+    gradient."""
     units = weights.shape[1] // 4
     w_h = weights[weights.shape[0] - units :]
     w_i, w_f, w_c, w_o = tf.split(w_h, 4, axis=1)
@@ -151,7 +152,7 @@ def tiered(weights, bias):
         `recurrence(x, steps, [h0, c0], rows) -> [h, cs]`, as
         `tiers.run_tiers` calls it: every tier's outputs and cell states.
     """
-    shared = constants(weights)
+    no_peephole = tf.zeros((weights.shape[1] // 4,), weights.dtype)
     # Static: the gradient's graph may be traced with relaxed shapes.
     units = weights.shape[1] // 4
     sizes = (weights.shape[0] - units, units)
@@ -179,11 +180,13 @@ def tiered(weights, bias):
                     ins.append(tiers.states_after(ins[-1], [last[6], last[1]], rows_k))
                 xs.append(x_k)
                 gates.append(
-                    block_lstm(x_k, *ins[-1], weights, bias, shared[2], op_steps[k])
+                    block_lstm(x_k, *ins[-1], weights, bias, no_peephole, op_steps[k])
                 )
             h, cs = (tiers.full([g[j] for g in gates], pads, past) for j in (6, 1))
 
             def grad(h_grad, cs_grad):
+                # Built once for every tier's gradient, and only for one.
+                shared = constants(weights)
                 if h_grad is None:
                     h_grad = tf.zeros_like(h)
                 if cs_grad is None:

@@ -268,11 +268,16 @@ def _last_states(seq, lengths, batch):
 
 
 def _permute_rows(x, order, inverse):
-    """`x[order]`, whose gradient is one gather `grad[inverse]`, not a sum."""
+    """`x[order]`, whose gradient is one gather `grad[inverse]`, not a sum.
+    Rows the trace knows are all zeros (initial states made by `tf.zeros`
+    of a known shape) are the same in any order: no gather runs."""
+    known = None if tf.executing_eagerly() else tf.get_static_value(x)
+    unmoved = known is not None and not known.any()
 
     @tf.custom_gradient
     def permute(x):
-        return tf.gather(x, order), lambda grad: tf.gather(grad, inverse)
+        y = tf.identity(x) if unmoved else tf.gather(x, order)
+        return y, lambda grad: tf.gather(grad, inverse)
 
     return permute(x)
 
