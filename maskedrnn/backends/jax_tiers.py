@@ -21,10 +21,12 @@ a shrinking batch, would each be compiled anew).
 """
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 from jax import lax
 
 from maskedrnn.backends import jax_cells as cells
@@ -418,31 +420,52 @@ def _stacked_weights(inners, kind, dtype):
 # `j * size` to `(j + 1) * size`, and its first row is its longest.
 
 
+# The loops' indices are in range: no wrapping of negative ones to trace
+# and compile in every slice (JAX versions without the option wrap them).
+_IN_RANGE = (
+    {"allow_negative_indices": False}
+    if "allow_negative_indices" in inspect.signature(lax.dynamic_slice).parameters
+    else {}
+)
+_ZERO = np.int32(0)
+
+
 def _rows(x, first, size):
     """Rows `first` to `first + size` of `(directions, batch, ...)` `x`."""
-    return lax.dynamic_slice_in_dim(x, first, size, axis=1)
+    return lax.dynamic_slice_in_dim(x, first, size, axis=1, **_IN_RANGE)
+
+
+def _put_rows(x, rows, first):
+    """`x` with `rows` written from row `first` (on its second axis)."""
+    return lax.dynamic_update_slice_in_dim(x, rows, first, axis=1, **_IN_RANGE)
 
 
 def _starts(buffer, t, first):
     """The start indices of step `t`, row `first` in a `(directions, time,
     batch, ...)` buffer, in one index dtype (under jax_enable_x64 the
-    literals would be int64)."""
-    start = (0, t, first) + (0,) * (buffer.ndim - 3)
-    return tuple(lax.convert_element_type(i, jnp.int32) for i in start)
+    literals would be int64); the constant ones static."""
+    t, first = (lax.convert_element_type(i, jnp.int32) for i in (t, first))
+    return (_ZERO, t, first) + (_ZERO,) * (buffer.ndim - 3)
 
 
 def _at(buffer, t, first, size):
     """`buffer[:, t, first:first + size]` of a `(directions, time, batch,
     ...)` buffer."""
     sizes = (buffer.shape[0], 1, size) + buffer.shape[3:]
-    return lax.dynamic_slice(buffer, _starts(buffer, t, first), sizes)[:, 0]
+    start = _starts(buffer, t, first)
+    return lax.dynamic_slice(buffer, start, sizes, **_IN_RANGE)[:, 0]
 
 
 def _put(buffer, value, t, first):
     """`buffer` with `value` written at step `t`, rows from `first`."""
-    return lax.dynamic_update_slice(
-        buffer, value[:, None], _starts(buffer, t, first)
-    )
+    start = _starts(buffer, t, first)
+    return lax.dynamic_update_slice(buffer, value[:, None], start, **_IN_RANGE)
+
+
+def _select(keep, a, b):
+    """`a` where `keep` (broadcast to it), else `b`: `jnp.where` without
+    its nested jit, which each first call traces anew."""
+    return lax.select(jnp.broadcast_to(keep, a.shape), a, b)
 
 
 def _buffer(shape, time, dtype):
@@ -474,7 +497,7 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
             state, buf_states, buf_saved = loop
             new, saved = cells.step(kind, params, _at(x_dt, t, first, size), state)
             kept = _at(keep, t, first, size)[..., None]
-            new = tuple(jnp.where(kept, a, b) for a, b in zip(new, state))
+            new = tuple(_select(kept, a, b) for a, b in zip(new, state))
             buf_states = tuple(
                 _put(b, s, t, first) for b, s in zip(buf_states, new)
             )
@@ -488,10 +511,7 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
         state, buf_states, buf_saved = lax.fori_loop(
             0, spans[first], step, (initial, buf_states, buf_saved)
         )
-        finals = tuple(
-            lax.dynamic_update_slice_in_dim(f, s, first, axis=1)
-            for f, s in zip(finals, state)
-        )
+        finals = tuple(_put_rows(f, s, first) for f, s in zip(finals, state))
         return finals, buf_states, buf_saved
 
     finals, buf_states, buf_saved = lax.fori_loop(
@@ -550,15 +570,13 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
             new = tuple(_at(b, t, first, size) for b in buf_states)
             prev = _state_before(buf_states, initial, t, first, size)
             d_prev, d_step = cells.step_back(kind, params, d_in, saved, prev, new)
-            d_state = tuple(jnp.where(kept, a, b) for a, b in zip(d_prev, d_in))
-            return d_state, _put(d_pre, jnp.where(kept, d_step, 0), t, first)
+            d_state = tuple(_select(kept, a, b) for a, b in zip(d_prev, d_in))
+            d_step = _select(kept, d_step, jnp.zeros_like(d_step))
+            return d_state, _put(d_pre, d_step, t, first)
 
         d_last = tuple(_rows(d, first, size) for d in d_finals)
         d_state, d_pre = lax.fori_loop(0, steps, step, (d_last, d_pre))
-        d_initial = tuple(
-            lax.dynamic_update_slice_in_dim(d, s, first, axis=1)
-            for d, s in zip(d_initial, d_state)
-        )
+        d_initial = tuple(_put_rows(d, s, first) for d, s in zip(d_initial, d_state))
         return d_initial, d_pre
 
     d_initial, d_pre = lax.fori_loop(0, groups, group, (d_finals, d_pre))
@@ -576,7 +594,7 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
 def _state_before(buf_states, initial, t, first, size):
     """The states after step `t - 1` of a group (its initial ones at 0)."""
     before = tuple(_at(b, jnp.maximum(t - 1, 0), first, size) for b in buf_states)
-    return tuple(jnp.where(t > 0, b, s) for b, s in zip(before, initial))
+    return tuple(lax.select(t > 0, b, s) for b, s in zip(before, initial))
 
 
 _tiers.defvjp(_tiers_fwd, _tiers_bwd)
