@@ -245,8 +245,11 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     mask = jnp.asarray(mask).astype(bool)
     setup.x = jnp.where(mask[..., None], setup.x, jnp.zeros((), setup.x.dtype))
     t = jnp.arange(time, dtype=jnp.int32)
-    first = jnp.min(jnp.where(mask, t, time), axis=1)
-    last = jnp.max(jnp.where(mask, t, -1), axis=1)
+    # Each row's first and last valid step in one reduction, the min of t
+    # and -t (XLA compiles each long reduction as two kernels).
+    both = jnp.where(mask[..., None], jnp.stack([t, -t], -1), jnp.array([time, 1]))
+    ends = jnp.min(both, axis=1)
+    first, last = ends[:, 0], -ends[:, 1]
     spans = jnp.maximum(last - first + 1, 0)
     rows = _SortedRows(spans, groups)
     # The step each direction reads at span position i of a sorted row.
@@ -420,8 +423,7 @@ def _stacked_weights(inners, kind, dtype):
 # `j * size` to `(j + 1) * size`, and its first row is its longest.
 
 
-# The loops' indices are in range: no wrapping of negative ones to trace
-# and compile in every slice (JAX versions without the option wrap them).
+# The loops' indices are in range: no wrapping of negative ones in every slice.
 _IN_RANGE = (
     {"allow_negative_indices": False}
     if "allow_negative_indices" in inspect.signature(lax.dynamic_slice).parameters
@@ -442,8 +444,7 @@ def _put_rows(x, rows, first):
 
 def _starts(buffer, t, first):
     """The start indices of step `t`, row `first` in a `(directions, time,
-    batch, ...)` buffer, in one index dtype (under jax_enable_x64 the
-    literals would be int64); the constant ones static."""
+    batch, ...)` buffer, all int32 (not int64 under jax_enable_x64)."""
     t, first = (lax.convert_element_type(i, jnp.int32) for i in (t, first))
     return (_ZERO, t, first) + (_ZERO,) * (buffer.ndim - 3)
 
@@ -463,8 +464,7 @@ def _put(buffer, value, t, first):
 
 
 def _select(keep, a, b):
-    """`a` where `keep` (broadcast to it), else `b`: `jnp.where` without
-    its nested jit, which each first call traces anew."""
+    """`jnp.where(keep, a, b)` without its nested jit (traced anew each time)."""
     return lax.select(jnp.broadcast_to(keep, a.shape), a, b)
 
 
