@@ -245,11 +245,8 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     mask = jnp.asarray(mask).astype(bool)
     setup.x = jnp.where(mask[..., None], setup.x, jnp.zeros((), setup.x.dtype))
     t = jnp.arange(time, dtype=jnp.int32)
-    # Each row's first and last valid step in one reduction, the min of t
-    # and -t (XLA compiles each long reduction as two kernels).
-    both = jnp.where(mask[..., None], jnp.stack([t, -t], -1), jnp.array([time, 1]))
-    ends = jnp.min(both, axis=1)
-    first, last = ends[:, 0], -ends[:, 1]
+    first = jnp.min(jnp.where(mask, t, time), axis=1)
+    last = jnp.max(jnp.where(mask, t, -1), axis=1)
     spans = jnp.maximum(last - first + 1, 0)
     rows = _SortedRows(spans, groups)
     # The step each direction reads at span position i of a sorted row.
@@ -423,7 +420,8 @@ def _stacked_weights(inners, kind, dtype):
 # `j * size` to `(j + 1) * size`, and its first row is its longest.
 
 
-# The loops' indices are in range: no wrapping of negative ones in every slice.
+# The loops' indices are in range: no wrapping of negative ones to trace
+# and compile in every slice (JAX versions without the option wrap them).
 _IN_RANGE = (
     {"allow_negative_indices": False}
     if "allow_negative_indices" in inspect.signature(lax.dynamic_slice).parameters
@@ -444,7 +442,8 @@ def _put_rows(x, rows, first):
 
 def _starts(buffer, t, first):
     """The start indices of step `t`, row `first` in a `(directions, time,
-    batch, ...)` buffer, all int32 (not int64 under jax_enable_x64)."""
+    batch, ...)` buffer, in one index dtype (under jax_enable_x64 the
+    literals would be int64); the constant ones static."""
     t, first = (lax.convert_element_type(i, jnp.int32) for i in (t, first))
     return (_ZERO, t, first) + (_ZERO,) * (buffer.ndim - 3)
 
@@ -464,7 +463,8 @@ def _put(buffer, value, t, first):
 
 
 def _select(keep, a, b):
-    """`jnp.where(keep, a, b)` without its nested jit (traced anew each time)."""
+    """`a` where `keep` (broadcast to it), else `b`: `jnp.where` without
+    its nested jit, which each first call traces anew."""
     return lax.select(jnp.broadcast_to(keep, a.shape), a, b)
 
 
