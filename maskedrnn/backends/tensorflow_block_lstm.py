@@ -152,10 +152,10 @@ def tiered(weights, bias):
         `recurrence(x, steps, [h0, c0], rows) -> [h, cs]`, as
         `tiers.run_tiers` calls it: every tier's outputs and cell states.
     """
-    no_peephole = tf.zeros((weights.shape[1] // 4,), weights.dtype)
     # Static: the gradient's graph may be traced with relaxed shapes.
     units = weights.shape[1] // 4
     sizes = (weights.shape[0] - units, units)
+    no_peephole = tf.zeros((units,), weights.dtype)
 
     def recurrence(x, steps, states, rows):
         count = len(rows)
@@ -163,7 +163,6 @@ def tiered(weights, bias):
         # gradient is traced outside the layer call).
         calls = count * backends.directions_in_call()
         pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
-
         past = steps[count]
         # Each tier's steps for its op, in one op.
         op_steps = tf.unstack(tf.cast(steps, tf.int64), num=count + 1)
