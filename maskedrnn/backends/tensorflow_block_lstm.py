@@ -15,6 +15,7 @@ from keras import ops
 from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
 from maskedrnn.backends import tensorflow_tiers as tiers
+from maskedrnn.backends.tensorflow_shapes import size
 
 KERNEL = "tf-block-lstm"
 DTYPES = ("float32", "float16")
@@ -162,7 +163,7 @@ def tiered(weights, bias):
         # The gradient loop's calls in this layer call (read now: the
         # gradient is traced outside the layer call).
         calls = count * backends.directions_in_call()
-        pads = tiers.paddings(x.shape[1] or tf.shape(x)[1], rows)
+        pads = tiers.paddings(size(x, 1), rows)
         past = steps[count]
         # Each tier's steps for its op, in one op.
         op_steps = tf.unstack(tf.cast(steps, tf.int64), num=count + 1)

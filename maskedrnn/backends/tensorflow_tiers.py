@@ -151,11 +151,10 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
     tier_steps = steps.shared(
         ("tf-tier-steps", tiers), lambda: _tier_steps(lengths, rows, time)
     )
-    x = tf.transpose(x, (1, 0, 2))
-    sequences = recurrence(x, tier_steps, states, rows[:tiers])
+    sequences = recurrence(tf.transpose(x, (1, 0, 2)), tier_steps, states, rows[:tiers])
     h = tf.transpose(sequences[0], (1, 0, 2))
     # The padded tiers' time axis is traced unknown; it is `x`'s.
-    h.set_shape(x.shape[1:2].concatenate(x.shape[0:1]).concatenate(h.shape[2:]))
+    h.set_shape(x.shape[:2].concatenate(h.shape[2:]))
     if want_states:
         others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
     else:
