@@ -248,10 +248,10 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     first = jnp.min(jnp.where(mask, t, time), axis=1)
     last = jnp.max(jnp.where(mask, t, -1), axis=1)
     spans = jnp.maximum(last - first + 1, 0)
-    rows = _SortedRows(spans, groups)
+    rows = _SortedRows(spans, groups, carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
     i = t[:, None]
-    reads = [rows.sorted(first)[None] + i, rows.sorted(last)[None] - i]
+    reads = [rows.carried[0][None] + i, rows.carried[1][None] - i]
     read = jnp.clip(jnp.stack(reads[:directions]), 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
     keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted_spans)
@@ -324,27 +324,26 @@ class _Setup:
 
 class _SortedRows:
     """Rows sorted by `spans` (longest first, stable) in `groups` equal
-    groups; rows of span 0 pad the batch to a multiple of the group size."""
+    groups; rows of span 0 pad the batch to a multiple of the group size.
 
-    def __init__(self, spans, groups):
+    `carry`: `(batch,)` int32 values sorted along with the spans, in
+    `carried` (one sort, no gather per value to compile)."""
+
+    def __init__(self, spans, groups, carry=()):
         batch = spans.shape[0]
-        self.order = jnp.argsort(-spans, stable=True).astype(jnp.int32)
-        # The inverse permutation, to put rows back.
-        self.inverse = (
-            jnp.zeros_like(self.order)
-            .at[self.order]
-            .set(jnp.arange(batch, dtype=jnp.int32), unique_indices=True)
-        )
+        index = jnp.arange(batch, dtype=jnp.int32)
+        keyed = lax.sort((-spans, index) + tuple(carry), num_keys=1, is_stable=True)
+        self.order = keyed[1]
+        # The inverse permutation, to put rows back: a sort too, where a
+        # scatter would compile three kernels more.
+        self.inverse = lax.sort((self.order, index), num_keys=1)[1]
         groups = min(default_groups() if groups is None else groups, batch)
         size = -(-batch // groups)
         self.groups = -(-batch // size)
         self.pad = self.groups * size - batch
         # Each sorted row's span: its group's loop bound and its steps' keep.
-        self.sorted_spans = self.sorted(spans)
-
-    def sorted(self, values):
-        """`(batch + pad,)` `values` of each sorted row (0 for padding)."""
-        return jnp.pad(_take(values, self.order, 0), (0, self.pad))
+        self.sorted_spans = jnp.pad(-keyed[0], (0, self.pad))
+        self.carried = [jnp.pad(v, (0, self.pad)) for v in keyed[2:]]
 
     def offsets(self, time):
         """Each sorted row's first index in the `(batch * time,)` view."""
