@@ -251,8 +251,9 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     rows = _SortedRows(spans, groups, carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
     i = t[:, None]
-    reads = [rows.carried[0][None] + i, rows.carried[1][None] - i]
-    read = jnp.clip(jnp.stack(reads[:directions]), 0, time - 1)
+    first_sorted, last_sorted = rows.carried
+    read = _per_direction(directions, 0, first_sorted + i, last_sorted - i)
+    read = jnp.clip(read, 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
     keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted_spans)
     ys, finals = setup.run(rows, read, keep)
@@ -267,8 +268,8 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
         shown = (tb >= first[:, None]) & (spans > 0)[:, None]
         positions = position[..., None]
     else:
-        back = [tb - first[:, None], last[:, None] - tb]
-        positions = jnp.clip(jnp.stack(back[:directions], axis=-1), 0, time - 1)
+        back = (tb - first[:, None], last[:, None] - tb)
+        positions = jnp.clip(_per_direction(directions, -1, *back), 0, time - 1)
         shown = mask
     y = rows.gather(ys, positions)
     return jnp.where(shown[..., None], y, jnp.zeros((), y.dtype)), finals
@@ -382,15 +383,28 @@ def _sorted_states(states, order, pad, spec):
     )
 
 
+def _per_direction(directions, axis, forward, backward):
+    """`forward` (and `backward` for a second direction) on a new axis
+    `axis` (0 or -1): a select on that axis, where a stack would be a
+    concatenate, slow for XLA to compile at small sizes."""
+    forward = jnp.expand_dims(forward, axis)
+    if directions == 1:
+        return forward
+    shape = list(forward.shape)
+    shape[axis] = directions
+    e = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1 if axis == -1 else 0)
+    return lax.select(e == 0, jnp.broadcast_to(forward, shape),
+                      jnp.broadcast_to(jnp.expand_dims(backward, axis), shape))
+
+
 def _read_steps(t, lengths, directions):
     """The step each direction reads at slot `t` (broadcast with
     `lengths`): `t`, and for a second direction `lengths - 1 - t` over the
     valid steps (the padded ones in place), stacked on a new axis after the
     slots' axes."""
-    reads = [jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))]
-    if directions == 2:
-        reads.append(jnp.where(t < lengths, lengths - 1 - t, t))
-    return jnp.stack(reads, axis=-1)
+    forward = jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))
+    backward = jnp.where(t < lengths, lengths - 1 - t, t)
+    return _per_direction(directions, -1, forward, backward)
 
 
 def _take(x, index, axis):
@@ -404,11 +418,12 @@ def _stacked_weights(inners, kind, dtype):
     weights = [_weights(inner, dtype) for inner in inners]
     kernel = jnp.stack([w[0] for w in weights])
     recurrent = jnp.stack([w[1] for w in weights])
-    bias = jnp.stack([w[2] for w in weights])
+    # Each bias row on its own leading axis (no transpose to compile).
     if kind == ("gru", True):
-        bias = jnp.transpose(bias, (1, 0, 2))[:, :, None]
+        rows = [[w[2][k][None] for w in weights] for k in range(2)]
+        bias = jnp.stack([jnp.stack(r) for r in rows])
     else:
-        bias = bias[:, None]
+        bias = jnp.stack([w[2][None] for w in weights])
     return kernel, recurrent, bias
 
 
