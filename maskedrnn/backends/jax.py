@@ -9,12 +9,12 @@ GPU it costs about what the unmasked one does, and needs no reordering.
 """
 
 import jax
-import jax.numpy as jnp
 import keras
 from keras import ops
 
 from maskedrnn.backends import Reason, jax_fused, jax_tiers, keras_kernels, preference
 from maskedrnn.backends.gather import flat_gather_time
+from maskedrnn.backends.jax_rows import take_rows
 
 NAME = "jax"
 FUSED = "jax-fused"
@@ -52,18 +52,6 @@ def invert_permutation(perm):
         ops.reshape(dest, (-1, 1)), ops.reshape(src, (-1,)), (batch * time,)
     )
     return ops.reshape(ops.cast(flat, "int32"), shape)
-
-
-def take_rows(flat, index):
-    """`flat[index]`, shape `index.shape + flat.shape[1:]`.
-
-    Out-of-range indices are clamped (`mode="clip"`), not filled: XLA
-    compiles the fill of `keras.ops.take` (a bounds mask and a select over
-    the result) several times slower than the gather itself, on every
-    first call. Every caller passes indices in range or discards what they
-    read.
-    """
-    return jnp.take(flat, index, axis=0, mode="clip")
 
 
 def gather_time(x, index):

@@ -30,6 +30,7 @@ import numpy as np
 from jax import lax
 
 from maskedrnn.backends import jax_cells as cells
+from maskedrnn.backends.jax_rows import SortedRows, move_rows, take_rows
 
 KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
@@ -84,6 +85,11 @@ def default_groups():
     """`GROUPS` on a CPU; 1 elsewhere, where a step's time hardly depends on
     its rows and more groups would only run more steps one after another."""
     return GROUPS if jax.default_backend() == "cpu" else 1
+
+
+def _groups(groups):
+    """The number of row groups asked for, `default_groups()` if None."""
+    return default_groups() if groups is None else groups
 
 
 def _kind(inner):
@@ -189,7 +195,7 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
         return setup.empty_outputs("held"), setup.empty_states()
     time, directions = setup.time, setup.directions
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
-    rows = _SortedRows(lengths, groups)
+    rows = SortedRows(lengths, _groups(groups))
     # One gather makes the kernel's (directions, time, batch, features)
     # input: rows sorted (the padding rows read row 0 and never use it),
     # each row's steps along the second axis, a backward direction's reversed
@@ -248,30 +254,40 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     first = jnp.min(jnp.where(mask, t, time), axis=1)
     last = jnp.max(jnp.where(mask, t, -1), axis=1)
     spans = jnp.maximum(last - first + 1, 0)
-    rows = _SortedRows(spans, groups, carry=(first, last))
+    rows = SortedRows(spans, _groups(groups), carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
     i = t[:, None]
     first_sorted, last_sorted = rows.carried
     read = _per_direction(directions, 0, first_sorted + i, last_sorted - i)
     read = jnp.clip(read, 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
-    keep = _take(flat_mask, read + rows.offsets(time), 0) & (i < rows.sorted_spans)
-    ys, finals = setup.run(rows, read, keep)
+    keep = take_rows(flat_mask, read + rows.offsets(time)) & (i < rows.sorted_spans)
+    # Each step's span position for each direction, and the kernel's slot
+    # of it: the step's input goes there, its output comes from there.
+    tb = t[None]
+    back = (tb - first[:, None], last[:, None] - tb)
+    positions = jnp.clip(_per_direction(directions, -1, *back), 0, time - 1)
+    slots = rows.slots(positions, time)
+    readers = jnp.reshape(slots, (batch * time, directions))
+    ys, finals = setup.run(rows, read, keep, (readers, flat_mask))
     if place == "last":
         has_steps = (spans > 0)[:, None]
         y = jnp.concatenate([f[0] for f in finals], axis=-1)
         return jnp.where(has_steps, y, jnp.zeros((), y.dtype)), finals
-    # Each step's span position, for each direction.
-    tb = t[None]
+    flat_ys = jnp.reshape(ys, (-1, ys.shape[-1]))
     if place == "held":
+        # A masked step after the last valid one shows that one's output.
         position = jnp.clip(tb - first[:, None], 0, jnp.maximum(spans - 1, 0)[:, None])
         shown = (tb >= first[:, None]) & (spans > 0)[:, None]
-        positions = position[..., None]
+        y = take_rows(flat_ys, rows.slots(position[..., None], time))
     else:
-        back = (tb - first[:, None], last[:, None] - tb)
-        positions = jnp.clip(_per_direction(directions, -1, *back), 0, time - 1)
+        # Each kept slot's output goes to one step: its gradient is a gather.
+        e = lax.broadcasted_iota(jnp.int32, read.shape, 0)
+        steps = (read + rows.offsets(time)) * directions + e
+        moved = (jnp.reshape(steps, (-1, 1)), jnp.reshape(keep, (-1,)))
+        y = move_rows(flat_ys, slots, *moved)
         shown = mask
-    y = rows.gather(ys, positions)
+    y = jnp.reshape(y, (batch, time, -1))
     return jnp.where(shown[..., None], y, jnp.zeros((), y.dtype)), finals
 
 
@@ -303,12 +319,18 @@ class _Setup:
         zeros = [jnp.zeros((self.batch, self.units), self.dtype)] * self.count
         return [s if s is not None else zeros for s in self.states]
 
-    def run(self, rows, read, keep):
+    def run(self, rows, read, keep, readers=None):
         """Runs the kernel on the sorted rows, reading step `read[e, i, p]`
         of sorted row `p` at position `i`; `(ys, finals)`, the final states
-        in the caller's row order."""
+        in the caller's row order. `readers`: `(slots, valid)` of
+        `move_rows`, each step's slots in the kernel's input (its gradient a
+        gather), or None."""
         flat = jnp.reshape(self.x, (self.batch * self.time,) + self.x.shape[2:])
-        x_dt = _take(flat, read + rows.offsets(self.time), 0)
+        index = read + rows.offsets(self.time)
+        if readers is None:
+            x_dt = take_rows(flat, index)
+        else:
+            x_dt = move_rows(flat, index, *readers)
         spec = (self.units, self.count, self.dtype)
         states = _sorted_states(self.states, rows.order, rows.pad, spec)
         kind = _kind(self.inners[0])
@@ -317,49 +339,10 @@ class _Setup:
             kind, rows.groups, x_dt, rows.sorted_spans, keep, states, params
         )
         finals = [
-            [_take(s[e], rows.inverse, 0) for s in finals]
+            [take_rows(s[e], rows.inverse) for s in finals]
             for e in range(self.directions)
         ]
         return ys, finals
-
-
-class _SortedRows:
-    """Rows sorted by `spans` (longest first, stable) in `groups` equal
-    groups; rows of span 0 pad the batch to a multiple of the group size.
-
-    `carry`: `(batch,)` int32 values sorted along with the spans, in
-    `carried` (one sort, no gather per value to compile)."""
-
-    def __init__(self, spans, groups, carry=()):
-        batch = spans.shape[0]
-        index = jnp.arange(batch, dtype=jnp.int32)
-        keyed = lax.sort((-spans, index) + tuple(carry), num_keys=1, is_stable=True)
-        self.order = keyed[1]
-        # The inverse permutation, to put rows back: a sort too, where a
-        # scatter would compile three kernels more.
-        self.inverse = lax.sort((self.order, index), num_keys=1)[1]
-        groups = min(default_groups() if groups is None else groups, batch)
-        size = -(-batch // groups)
-        self.groups = -(-batch // size)
-        self.pad = self.groups * size - batch
-        # Each sorted row's span: its group's loop bound and its steps' keep.
-        self.sorted_spans = jnp.pad(-keyed[0], (0, self.pad))
-        self.carried = [jnp.pad(v, (0, self.pad)) for v in keyed[2:]]
-
-    def offsets(self, time):
-        """Each sorted row's first index in the `(batch * time,)` view."""
-        return jnp.pad(self.order, (0, self.pad))[None, None] * time
-
-    def gather(self, ys, positions):
-        """`(batch, time, directions * units)`: direction `e` of row `b` at
-        step `t` reads the kernel's `ys[e, positions[b, t, e], row of b]`."""
-        directions, time, rows, units = ys.shape
-        batch = positions.shape[0]
-        e = jnp.arange(directions, dtype=jnp.int32)
-        index = (e * time + positions) * rows + self.inverse[:, None, None]
-        flat = jnp.reshape(ys, (-1, units))
-        y = _take(flat, index, 0)
-        return jnp.reshape(y, (batch, positions.shape[1], directions * units))
 
 
 def _sorted_states(states, order, pad, spec):
@@ -376,7 +359,7 @@ def _sorted_states(states, order, pad, spec):
     states = [s if s is not None else zeros for s in states]
     return tuple(
         jnp.pad(
-            jnp.stack([_take(s[k], order, 0) for s in states]),
+            jnp.stack([take_rows(s[k], order) for s in states]),
             ((0, 0), (0, pad), (0, 0)),
         )
         for k in range(count)
@@ -405,12 +388,6 @@ def _read_steps(t, lengths, directions):
     forward = jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))
     backward = jnp.where(t < lengths, lengths - 1 - t, t)
     return _per_direction(directions, -1, forward, backward)
-
-
-def _take(x, index, axis):
-    """`jnp.take` of in-range indices, with no out-of-range fill for XLA to
-    compile (`mode="clip"`)."""
-    return jnp.take(x, index, axis=axis, mode="clip")
 
 
 def _stacked_weights(inners, kind, dtype):
