@@ -251,8 +251,14 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     mask = jnp.asarray(mask).astype(bool)
     setup.x = jnp.where(mask[..., None], setup.x, jnp.zeros((), setup.x.dtype))
     t = jnp.arange(time, dtype=jnp.int32)
-    first = jnp.min(jnp.where(mask, t, time), axis=1)
-    last = jnp.max(jnp.where(mask, t, -1), axis=1)
+    # Each row's first and last valid step in one two-valued reduction:
+    # XLA's CPU backend splits a long single reduction into two kernels.
+    first, last = lax.reduce(
+        (jnp.where(mask, t, time), jnp.where(mask, t, -1)),
+        (np.int32(time), np.int32(-1)),
+        lambda a, b: (lax.min(a[0], b[0]), lax.max(a[1], b[1])),
+        (1,),
+    )
     spans = jnp.maximum(last - first + 1, 0)
     rows = SortedRows(spans, _groups(groups), carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
