@@ -95,15 +95,21 @@ def step_back(kind, params, d_states, saved, prev, new):
     da = dh * (1 - z) * (1 - hh * hh)
     dz = dh * (h_prev - hh) * z * (1 - z)
     d_prev = dh * z
+    # One concatenate a step (XLA compiles each slowly at small sizes): the
+    # recurrent kernel's gradient terms read slices or scalings of it.
     if kind[1]:
         dr = da * rec_h * r * (1 - r)
-        d_prev = d_prev + jnp.concatenate([dz, dr, da * r], axis=-1) @ _t(recurrent)
-    else:
-        ds = da @ _t(recurrent[..., 2 * units :])
-        dr = ds * h_prev * r * (1 - r)
-        d_zr = jnp.concatenate([dz, dr], axis=-1)
-        d_prev = d_prev + ds * r + d_zr @ _t(recurrent[..., : 2 * units])
-    return (d_prev,), jnp.concatenate([dz, dr, da], axis=-1)
+        d_pre = jnp.concatenate([dz, dr, da], axis=-1)
+        # The candidate's recurrent term is r * (h @ R_h): its block scaled by r.
+        widths = [(0, 0)] * (r.ndim - 1) + [(2 * units, 0)]
+        d_rec = d_pre * jnp.pad(r, widths, constant_values=1)
+        return (d_prev + d_rec @ _t(recurrent),), d_pre
+    ds = da @ _t(recurrent[..., 2 * units :])
+    dr = ds * h_prev * r * (1 - r)
+    d_pre = jnp.concatenate([dz, dr, da], axis=-1)
+    d_zr = d_pre[..., : 2 * units]
+    d_prev = d_prev + ds * r + d_zr @ _t(recurrent[..., : 2 * units])
+    return (d_prev,), d_pre
 
 
 def step_grads(kind, params, x_dt, d_pre, h_prev, saved):
