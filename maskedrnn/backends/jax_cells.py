@@ -50,6 +50,16 @@ def step(kind, params, x_t, states):
     return (z * h + (1 - z) * hh,), (xz, hz)
 
 
+def saved_shapes(kind, rows, units):
+    """The shapes of what `step` saves for `rows` `(directions, batch)`:
+    the tuples of `jax.tree` leaves as `step` returns its arrays."""
+    if kind[0] == "lstm":
+        return rows + (4 * units,)
+    if kind[0] == "rnn":
+        return ()
+    return (rows + (3 * units,), rows + (3 * units,))
+
+
 def step_back(kind, params, d_states, saved, prev, new):
     """The VJP of one step: `(d_prev_states, d_pre)` from the gradients
     `d_states` of its new states, its `saved` pre-activations and its

@@ -465,6 +465,13 @@ def _select(keep, a, b):
     return lax.select(jnp.broadcast_to(keep, a.shape), a, b)
 
 
+def _is_shape(value):
+    """Whether `value` is one shape (a tuple of ints), a leaf of a tree."""
+    return bool(value) and isinstance(value, tuple) and all(
+        isinstance(d, int) for d in value
+    )
+
+
 def _buffer(shape, time, dtype):
     """Zeros for every step of a `(directions, batch, ...)` value."""
     return jnp.zeros(shape[:1] + (time,) + shape[1:], dtype)
@@ -476,15 +483,16 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
     time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
     dtype = x_dt.dtype
-    state_shapes, saved_shapes = jax.eval_shape(
-        lambda s: cells.step(kind, params, x_dt[:, 0], s), states
-    )
-    buf_states = tuple(_buffer(s.shape, time, dtype) for s in state_shapes)
+    rows = states[0].shape[:2]  # (directions, batch)
+    buf_states = tuple(_buffer(s.shape, time, dtype) for s in states)
     if not save:
         buf_states = buf_states[:1]
-    buf_saved = jax.tree.map(lambda s: _buffer(s.shape, time, dtype), saved_shapes)
-    if not save:
-        buf_saved = ()
+    buf_saved = ()
+    if save:
+        saved_shapes = cells.saved_shapes(kind, rows, params[1].shape[-2])
+        buf_saved = jax.tree.map(
+            lambda s: _buffer(s, time, dtype), saved_shapes, is_leaf=_is_shape
+        )
 
     def group(j, loop):
         finals, buf_states, buf_saved = loop
@@ -541,12 +549,8 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
     time, batch = x_dt.shape[1], x_dt.shape[2]
     size = batch // groups
     dtype = x_dt.dtype
-    saved0 = jax.tree.map(lambda b: b[:, 0], buf_saved)
-    d_pre_shape = jax.eval_shape(
-        lambda: cells.step_back(kind, params, states, saved0, states, states)[1]
-    )
     # Every step's pre-activation gradients (zeros at the steps skipped).
-    d_pre = _buffer(d_pre_shape.shape, time, dtype)
+    d_pre = _buffer(states[0].shape[:2] + params[1].shape[-1:], time, dtype)
     d_finals = tuple(jnp.asarray(d, dtype) for d in d_finals)
 
     def group(j, loop):
