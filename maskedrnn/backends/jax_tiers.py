@@ -382,8 +382,8 @@ def _per_direction(directions, axis, forward, backward):
     shape = list(forward.shape)
     shape[axis] = directions
     e = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1 if axis == -1 else 0)
-    return lax.select(e == 0, jnp.broadcast_to(forward, shape),
-                      jnp.broadcast_to(jnp.expand_dims(backward, axis), shape))
+    backward = jnp.broadcast_to(jnp.expand_dims(backward, axis), shape)
+    return lax.select(e == 0, jnp.broadcast_to(forward, shape), backward)
 
 
 def _read_steps(t, lengths, directions):
