@@ -1,8 +1,9 @@
 """`maskedrnn.backends.jax_rows`: how the JAX length tiers move rows.
 
 Oracles: numpy for the sort (a stable argsort of the negated spans, its
-inverse, the carried values gathered by it) and for the gathers, and
-JAX's own gradient of a plain gather (a scatter-add) for `move_rows`.
+inverse, the carried values gathered by it), for the gathers and for
+`per_direction` (`np.stack`), and JAX's own gradient of a plain gather (a
+scatter-add) for `move_rows`.
 """
 
 import numpy as np
@@ -18,7 +19,12 @@ if BACKEND == "jax":
     import jax
     import jax.numpy as jnp
 
-    from maskedrnn.backends.jax_rows import SortedRows, move_rows, take_rows
+    from maskedrnn.backends.jax_rows import (
+        SortedRows,
+        move_rows,
+        per_direction,
+        take_rows,
+    )
 
 
 @pytest.mark.parametrize("groups", [1, 3, 4, 11])
@@ -104,3 +110,13 @@ def test_move_rows_sums_the_readers_of_a_row():
     scale = jnp.asarray([1.0, 10.0, 100.0])
     grad = jax.grad(lambda f: jnp.sum(move_rows(f, index, back, valid)[:, 0] * scale))
     np.testing.assert_array_equal(grad(flat), [[101.0], [0.0]])
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+@pytest.mark.parametrize("directions", [1, 2])
+def test_per_direction_stacks_like_numpy(directions, axis):
+    rng = np.random.default_rng(3)
+    forward, backward = rng.integers(0, 9, (2, 3, 4)).astype("int32")
+    expected = np.stack([forward, backward][:directions], axis=axis)
+    got = per_direction(directions, axis, jnp.asarray(forward), jnp.asarray(backward))
+    np.testing.assert_array_equal(got, expected)

@@ -1,6 +1,7 @@
 """How the JAX backend moves rows: `take_rows`, `move_rows` (a gather
-whose gradient is a gather too) and `SortedRows`, the length tiers' rows
-sorted by span.
+whose gradient is a gather too), `SortedRows` (the length tiers' rows
+sorted by span) and `per_direction` (each direction's indices side by
+side).
 
 A row permutation's gradient is its inverse permutation. JAX cannot know
 that a gather's indices are a permutation, so it differentiates `x[index]`
@@ -24,6 +25,20 @@ def take_rows(flat, index):
     read.
     """
     return jnp.take(flat, index, axis=0, mode="clip")
+
+
+def per_direction(directions, axis, forward, backward):
+    """`forward` (and `backward` for a second direction) on a new axis
+    `axis` (0 or -1): a select on that axis, where a stack would be a
+    concatenate, slow for XLA to compile at small sizes."""
+    forward = jnp.expand_dims(forward, axis)
+    if directions == 1:
+        return forward
+    shape = list(forward.shape)
+    shape[axis] = directions
+    e = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1 if axis == -1 else 0)
+    backward = jnp.broadcast_to(jnp.expand_dims(backward, axis), shape)
+    return lax.select(e == 0, jnp.broadcast_to(forward, shape), backward)
 
 
 @jax.custom_vjp

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from maskedrnn.backends import jax_cells as cells
-from maskedrnn.backends.jax_rows import SortedRows, move_rows, take_rows
+from maskedrnn.backends.jax_rows import SortedRows, move_rows, per_direction, take_rows
 
 KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
@@ -264,7 +264,7 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     # The step each direction reads at span position i of a sorted row.
     i = t[:, None]
     first_sorted, last_sorted = rows.carried
-    read = _per_direction(directions, 0, first_sorted + i, last_sorted - i)
+    read = per_direction(directions, 0, first_sorted + i, last_sorted - i)
     read = jnp.clip(read, 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
     keep = take_rows(flat_mask, read + rows.offsets(time)) & (i < rows.sorted_spans)
@@ -272,7 +272,7 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     # of it: the step's input goes there, its output comes from there.
     tb = t[None]
     back = (tb - first[:, None], last[:, None] - tb)
-    positions = jnp.clip(_per_direction(directions, -1, *back), 0, time - 1)
+    positions = jnp.clip(per_direction(directions, -1, *back), 0, time - 1)
     slots = rows.slots(positions, time)
     readers = jnp.reshape(slots, (batch * time, directions))
     ys, finals = setup.run(rows, read, keep, (readers, flat_mask))
@@ -372,20 +372,6 @@ def _sorted_states(states, order, pad, spec):
     )
 
 
-def _per_direction(directions, axis, forward, backward):
-    """`forward` (and `backward` for a second direction) on a new axis
-    `axis` (0 or -1): a select on that axis, where a stack would be a
-    concatenate, slow for XLA to compile at small sizes."""
-    forward = jnp.expand_dims(forward, axis)
-    if directions == 1:
-        return forward
-    shape = list(forward.shape)
-    shape[axis] = directions
-    e = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1 if axis == -1 else 0)
-    backward = jnp.broadcast_to(jnp.expand_dims(backward, axis), shape)
-    return lax.select(e == 0, jnp.broadcast_to(forward, shape), backward)
-
-
 def _read_steps(t, lengths, directions):
     """The step each direction reads at slot `t` (broadcast with
     `lengths`): `t`, and for a second direction `lengths - 1 - t` over the
@@ -393,7 +379,7 @@ def _read_steps(t, lengths, directions):
     slots' axes."""
     forward = jnp.broadcast_to(t, jnp.broadcast_shapes(t.shape, lengths.shape))
     backward = jnp.where(t < lengths, lengths - 1 - t, t)
-    return _per_direction(directions, -1, forward, backward)
+    return per_direction(directions, -1, forward, backward)
 
 
 def _stacked_weights(inners, kind, dtype):
