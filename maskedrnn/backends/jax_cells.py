@@ -51,8 +51,10 @@ def step(kind, params, x_t, states):
 
 
 def saved_shapes(kind, rows, units):
-    """The shapes of what `step` saves for `rows` `(directions, batch)`:
-    the tuples of `jax.tree` leaves as `step` returns its arrays."""
+    """The shapes of the arrays `step` saves for `rows` `(directions,
+    batch)`, in the structure it returns them: one shape (an LSTM's
+    pre-activations), two (a GRU's input and recurrent pre-activations)
+    or none (`()`, a SimpleRNN)."""
     if kind[0] == "lstm":
         return rows + (4 * units,)
     if kind[0] == "rnn":
