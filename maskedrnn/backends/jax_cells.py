@@ -80,15 +80,17 @@ def step_back(kind, params, d_states, saved, prev, new):
         )
         tc = jnp.tanh(c)
         dc = dc + dh * o * (1 - tc * tc)
-        dz = jnp.concatenate(
-            [
-                dc * g * i * (1 - i),
-                dc * c_prev * f * (1 - f),
-                dc * i * (1 - g * g),
-                dh * tc * o * (1 - o),
-            ],
-            axis=-1,
-        )
+        parts = [
+            dc * g * i * (1 - i),
+            dc * c_prev * f * (1 - f),
+            dc * i * (1 - g * g),
+            dh * tc * o * (1 - o),
+        ]
+        # Concatenated as rows of a matrix: XLA's CPU backend compiles a
+        # concatenate of (2, 8, 64) blocks several times slower than one of
+        # (16, 64) blocks.
+        flat = [jnp.reshape(p, (-1, p.shape[-1])) for p in parts]
+        dz = jnp.reshape(jnp.concatenate(flat, axis=-1), dh.shape[:-1] + (-1,))
         return (dz @ _t(recurrent), dc * f), dz
     if kind[0] == "rnn":
         (dh,) = d_states
