@@ -267,7 +267,8 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     read = per_direction(directions, 0, first_sorted + i, last_sorted - i)
     read = jnp.clip(read, 0, time - 1)
     flat_mask = jnp.reshape(mask, (-1,))
-    keep = take_rows(flat_mask, read + rows.offsets(time)) & (i < rows.sorted_spans)
+    read_rows = read + rows.offsets(time)  # in the (batch * time,) view
+    keep = take_rows(flat_mask, read_rows) & (i < rows.sorted_spans)
     # Each step's span position for each direction, and the kernel's slot
     # of it: the step's input goes there, its output comes from there.
     tb = t[None]
@@ -280,20 +281,19 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
         has_steps = (spans > 0)[:, None]
         y = jnp.concatenate([f[0] for f in finals], axis=-1)
         return jnp.where(has_steps, y, jnp.zeros((), y.dtype)), finals
-    flat_ys = jnp.reshape(ys, (-1, ys.shape[-1]))
     if place == "held":
         # A masked step after the last valid one shows that one's output.
         position = jnp.clip(tb - first[:, None], 0, jnp.maximum(spans - 1, 0)[:, None])
         shown = (tb >= first[:, None]) & (spans > 0)[:, None]
-        y = take_rows(flat_ys, rows.slots(position[..., None], time))
+        y = rows.gather(ys, position[..., None])
     else:
         # Each kept slot's output goes to one step: its gradient is a gather.
         e = lax.broadcasted_iota(jnp.int32, read.shape, 0)
-        steps = (read + rows.offsets(time)) * directions + e
+        steps = read_rows * directions + e
         moved = (jnp.reshape(steps, (-1, 1)), jnp.reshape(keep, (-1,)))
-        y = move_rows(flat_ys, slots, *moved)
+        y = move_rows(jnp.reshape(ys, (-1, ys.shape[-1])), slots, *moved)
+        y = jnp.reshape(y, (batch, time, -1))
         shown = mask
-    y = jnp.reshape(y, (batch, time, -1))
     return jnp.where(shown[..., None], y, jnp.zeros((), y.dtype)), finals
 
 
