@@ -24,7 +24,11 @@ from tests.helpers import edge_mask
 
 BACKEND = keras.backend.backend()
 TINY = ["--batch", "4", "--time", "6", "--features", "3", "--units", "4"]
+# No first calls unless a test is about them: each is a fresh compilation of
+# every implementation and mode, several times over.
 QUICK = ["--repeats", "2", "--warmup", "1", "--no-progress", "--seed", "0"]
+QUICK += ["--first-call-repeats", "0"]
+FIRST_CALLS = ["--first-call-repeats", "3"]
 ALL_IMPLS = [n for n in bench.IMPLS if BACKEND == "torch" or n not in bench.TORCH_ONLY]
 # float32 against Keras' float32 loop; tests/conftest.py turns TF32 off on
 # CUDA, where cuDNN's different summation order stays well inside this.
@@ -74,7 +78,7 @@ def assert_state_layer_mask_use(ours, cell, directions):
 def lstm_run(tmp_path_factory):
     """One end-to-end run (LSTM, both modes, every implementation)."""
     path = tmp_path_factory.mktemp("bench") / "lstm.json"
-    returned = bench.main(TINY + QUICK + ["--json", str(path)])
+    returned = bench.main(TINY + QUICK + FIRST_CALLS + ["--json", str(path)])
     with open(path) as f:
         return json.load(f), returned
 
@@ -718,7 +722,8 @@ def test_order_seed_option_orders_the_timing_and_is_recorded(monkeypatch, tmp_pa
     monkeypatch.setattr(timing, "case_orders", spy)
     path = tmp_path / "r.json"
     impl = ["--impl", "keras_masked", "--mode", "infer"]
-    bench.main(TINY + QUICK + impl + ["--order-seed", "5", "--json", str(path)])
+    order = ["--order-seed", "5", "--json", str(path)]
+    bench.main(TINY + QUICK + FIRST_CALLS + impl + order)
     # The timing's orders, then the first calls' (their own seed after it).
     assert seen == [5, 6]
     with open(path) as f:

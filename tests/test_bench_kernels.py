@@ -39,7 +39,9 @@ BACKEND = keras.backend.backend()
 GPU = bench.gpu_available(BACKEND)
 B, T, D, U = 3, 5, 3, 4
 TINY = ["--batch", "3", "--time", "5", "--features", "3", "--units", "4"]
+# No first calls: each is a fresh compilation of every implementation.
 QUICK = ["--repeats", "1", "--warmup", "1", "--no-progress", "--mode", "infer"]
+QUICK += ["--first-call-repeats", "0"]
 
 
 def inputs(seed=0):
