@@ -4,17 +4,30 @@ VJP, and the gradients of the inputs and weights over all steps at once.
 `kind` is `("lstm",)`, `("gru", reset_after)` or `("rnn",)`; `params` are
 the directions' `(kernel, recurrent_kernel, bias)` stacked on a leading
 axis, in Keras' gate order. Arrays carry the directions first.
+
+Products and activations are `jax.lax` calls: each `jax.numpy` function is
+a jit of its own that a first call traces anew (see `jax_rows`).
 """
 
-import functools
-
-import jax
 import jax.numpy as jnp
+from jax import lax
+
+_sigmoid = lax.logistic
+_tanh = lax.tanh
 
 
-def _t(matrix):
-    """The transpose of each matrix of a stack."""
-    return jnp.swapaxes(matrix, -1, -2)
+def _matmul(a, b):
+    """`a @ b` for each direction: `a` `(directions, ..., k)`, `b`
+    `(directions, k, n)`."""
+    dims = (((a.ndim - 1,), (1,)), ((0,), (0,)))
+    return lax.dot_general(a, b, dims)
+
+
+def _matmul_t(a, b):
+    """`a @ b.T` for each direction: `a` `(directions, ..., n)`, `b`
+    `(directions, k, n)`."""
+    dims = (((a.ndim - 1,), (2,)), ((0,), (0,)))
+    return lax.dot_general(a, b, dims)
 
 
 def step(kind, params, x_t, states):
@@ -23,29 +36,29 @@ def step(kind, params, x_t, states):
     kernel, recurrent, bias = params
     if kind[0] == "lstm":
         h, c = states
-        z = x_t @ kernel + h @ recurrent + bias
+        z = _matmul(x_t, kernel) + _matmul(h, recurrent) + bias
         i, f, g, o = jnp.split(z, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        return (jax.nn.sigmoid(o) * jnp.tanh(c), c), z
+        c = _sigmoid(f) * c + _sigmoid(i) * _tanh(g)
+        return (_sigmoid(o) * _tanh(c), c), z
     if kind[0] == "rnn":
         (h,) = states
-        z = x_t @ kernel + bias + h @ recurrent
-        return (jnp.tanh(z),), ()
+        z = _matmul(x_t, kernel) + bias + _matmul(h, recurrent)
+        return (_tanh(z),), ()
     (h,) = states
     units = h.shape[-1]
     if kind[1]:
-        xz = x_t @ kernel + bias[0]
-        hz = h @ recurrent + bias[1]
-        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
-        hh = jnp.tanh(xz[..., 2 * units :] + r * hz[..., 2 * units :])
+        xz = _matmul(x_t, kernel) + bias[0]
+        hz = _matmul(h, recurrent) + bias[1]
+        z = _sigmoid(xz[..., :units] + hz[..., :units])
+        r = _sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
+        hh = _tanh(xz[..., 2 * units :] + r * hz[..., 2 * units :])
     else:
-        xz = x_t @ kernel + bias
-        hz = h @ recurrent[..., : 2 * units]
-        z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-        r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units:])
-        q = (r * h) @ recurrent[..., 2 * units :]
-        hh = jnp.tanh(xz[..., 2 * units :] + q)
+        xz = _matmul(x_t, kernel) + bias
+        hz = _matmul(h, recurrent[..., : 2 * units])
+        z = _sigmoid(xz[..., :units] + hz[..., :units])
+        r = _sigmoid(xz[..., units : 2 * units] + hz[..., units:])
+        q = _matmul(r * h, recurrent[..., 2 * units :])
+        hh = _tanh(xz[..., 2 * units :] + q)
         hz = jnp.concatenate([hz, q], axis=-1)
     return (z * h + (1 - z) * hh,), (xz, hz)
 
@@ -72,13 +85,8 @@ def step_back(kind, params, d_states, saved, prev, new):
         c_prev = prev[1]
         c = new[1]
         i, f, g, o = jnp.split(saved, 4, axis=-1)
-        i, f, g, o = (
-            jax.nn.sigmoid(i),
-            jax.nn.sigmoid(f),
-            jnp.tanh(g),
-            jax.nn.sigmoid(o),
-        )
-        tc = jnp.tanh(c)
+        i, f, g, o = _sigmoid(i), _sigmoid(f), _tanh(g), _sigmoid(o)
+        tc = _tanh(c)
         dc = dc + dh * o * (1 - tc * tc)
         parts = [
             dc * g * i * (1 - i),
@@ -91,21 +99,21 @@ def step_back(kind, params, d_states, saved, prev, new):
         # (16, 64) blocks.
         flat = [jnp.reshape(p, (-1, p.shape[-1])) for p in parts]
         dz = jnp.reshape(jnp.concatenate(flat, axis=-1), dh.shape[:-1] + (-1,))
-        return (dz @ _t(recurrent), dc * f), dz
+        return (_matmul_t(dz, recurrent), dc * f), dz
     if kind[0] == "rnn":
         (dh,) = d_states
         h = new[0]
         dz = dh * (1 - h * h)
-        return (dz @ _t(recurrent),), dz
+        return (_matmul_t(dz, recurrent),), dz
     (dh,) = d_states
     h_prev = prev[0]
     xz, hz = saved
     units = h_prev.shape[-1]
-    z = jax.nn.sigmoid(xz[..., :units] + hz[..., :units])
-    r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
+    z = _sigmoid(xz[..., :units] + hz[..., :units])
+    r = _sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
     rec_h = hz[..., 2 * units :]
     pre_h = xz[..., 2 * units :] + (r * rec_h if kind[1] else rec_h)
-    hh = jnp.tanh(pre_h)
+    hh = _tanh(pre_h)
     da = dh * (1 - z) * (1 - hh * hh)
     dz = dh * (h_prev - hh) * z * (1 - z)
     d_prev = dh * z
@@ -117,12 +125,12 @@ def step_back(kind, params, d_states, saved, prev, new):
         # The candidate's recurrent term is r * (h @ R_h): its block scaled by r.
         widths = [(0, 0)] * (r.ndim - 1) + [(2 * units, 0)]
         d_rec = d_pre * jnp.pad(r, widths, constant_values=1)
-        return (d_prev + d_rec @ _t(recurrent),), d_pre
-    ds = da @ _t(recurrent[..., 2 * units :])
+        return (d_prev + _matmul_t(d_rec, recurrent),), d_pre
+    ds = _matmul_t(da, recurrent[..., 2 * units :])
     dr = ds * h_prev * r * (1 - r)
     d_pre = jnp.concatenate([dz, dr, da], axis=-1)
     d_zr = d_pre[..., : 2 * units]
-    d_prev = d_prev + ds * r + d_zr @ _t(recurrent[..., : 2 * units])
+    d_prev = d_prev + ds * r + _matmul_t(d_zr, recurrent[..., : 2 * units])
     return (d_prev,), d_pre
 
 
@@ -132,25 +140,34 @@ def step_grads(kind, params, x_dt, d_pre, h_prev, saved):
     kernel, recurrent, bias = params
     # At least float32 (float64 stays float64).
     acc = jnp.promote_types(x_dt.dtype, jnp.float32)
-    f32 = functools.partial(jnp.einsum, preferred_element_type=acc)
-    # Directions lead, then (time, batch): no transpose of the step axes.
-    dx = f32("etbg,edg->etbd", d_pre, kernel).astype(x_dt.dtype)
-    d_kernel = f32("etbd,etbg->edg", x_dt, d_pre)
-    d_in_bias = jnp.sum(d_pre, axis=(1, 2), dtype=acc)[:, None]
+
+    def over_steps(a, b):
+        # "etbx,etby->exy": directions lead, then (time, batch), summed.
+        dims = (((1, 2), (1, 2)), ((0,), (0,)))
+        return lax.dot_general(a, b, dims, preferred_element_type=acc)
+
+    def sum_steps(a):
+        a = lax.convert_element_type(a, acc)
+        return lax.expand_dims(lax.reduce(a, acc.type(0), lax.add, (1, 2)), (1,))
+
+    # "etbg,edg->etbd": no transpose of the step axes.
+    dims = (((3,), (2,)), ((0,), (0,)))
+    dx = lax.dot_general(d_pre, kernel, dims, preferred_element_type=acc)
+    dx = dx.astype(x_dt.dtype)
+    d_kernel = over_steps(x_dt, d_pre)
+    d_in_bias = sum_steps(d_pre)
     if kind[0] != "gru":
-        d_rec = f32("etbu,etbg->eug", h_prev, d_pre)
-        return dx, d_kernel, d_rec, d_in_bias
+        return dx, d_kernel, over_steps(h_prev, d_pre), d_in_bias
     xz, hz = saved
     units = h_prev.shape[-1]
-    r = jax.nn.sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
+    r = _sigmoid(xz[..., units : 2 * units] + hz[..., units : 2 * units])
     d_zr, da = d_pre[..., : 2 * units], d_pre[..., 2 * units :]
     if kind[1]:
         d_hz = jnp.concatenate([d_zr, da * r], axis=-1)
-        d_rec = f32("etbu,etbg->eug", h_prev, d_hz)
-        d_bias = jnp.stack([d_in_bias, jnp.sum(d_hz, axis=(1, 2), dtype=acc)[:, None]])
+        d_rec = over_steps(h_prev, d_hz)
+        d_bias = jnp.stack([d_in_bias, sum_steps(d_hz)])
         return dx, d_kernel, d_rec, d_bias
     d_rec = jnp.concatenate(
-        [f32("etbu,etbg->eug", h_prev, d_zr), f32("etbu,etbg->eug", r * h_prev, da)],
-        axis=-1,
+        [over_steps(h_prev, d_zr), over_steps(r * h_prev, da)], axis=-1
     )
     return dx, d_kernel, d_rec, d_in_bias

@@ -8,10 +8,16 @@ that a gather's indices are a permutation, so it differentiates `x[index]`
 as a scatter-add into zeros: three kernels for XLA to compile on every
 first call (the zeros, the scatter and its index clamp) where one gather
 does. `move_rows` takes the inverse map from the caller.
+
+Index arithmetic is written with `jax.lax`: each `jax.numpy` function (and
+operator on an array) is a jit of its own, which a program's trace traces
+anew for each new signature after `jax.clear_caches()` or in a new process,
+a cost every first call pays.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 
@@ -24,21 +30,35 @@ def take_rows(flat, index):
     first call. Every caller passes indices in range or discards what they
     read.
     """
-    return jnp.take(flat, index, axis=0, mode="clip")
+    dims = lax.GatherDimensionNumbers(
+        offset_dims=tuple(range(index.ndim, index.ndim + flat.ndim - 1)),
+        collapsed_slice_dims=(0,),
+        start_index_map=(0,),
+    )
+    starts = lax.expand_dims(index, (index.ndim,))
+    return lax.gather(
+        flat, starts, dims, (1,) + flat.shape[1:], mode=lax.GatherScatterMode.CLIP
+    )
+
+
+def broadcast(value, shape, dims):
+    """`value` broadcast to `shape`, its axes becoming `dims` of it."""
+    return lax.broadcast_in_dim(value, shape, dims)
 
 
 def per_direction(directions, axis, forward, backward):
     """`forward` (and `backward` for a second direction) on a new axis
     `axis` (0 or -1): a select on that axis, where a stack would be a
     concatenate, slow for XLA to compile at small sizes."""
-    forward = jnp.expand_dims(forward, axis)
+    axis = axis % (forward.ndim + 1)
     if directions == 1:
-        return forward
+        return lax.expand_dims(forward, (axis,))
     shape = list(forward.shape)
-    shape[axis] = directions
-    e = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1 if axis == -1 else 0)
-    backward = jnp.broadcast_to(jnp.expand_dims(backward, axis), shape)
-    return lax.select(e == 0, jnp.broadcast_to(forward, shape), backward)
+    shape.insert(axis, directions)
+    dims = tuple(d for d in range(len(shape)) if d != axis)
+    first = lax.eq(lax.broadcasted_iota(jnp.int32, shape, axis), np.int32(0))
+    forward, backward = (broadcast(v, shape, dims) for v in (forward, backward))
+    return lax.select(first, forward, backward)
 
 
 @jax.custom_vjp
@@ -88,8 +108,8 @@ def _move_rows_bwd(residuals, d_out):
     d_flat = reads[0]
     for other in reads[1:]:
         d_flat = d_flat + other
-    keep = jnp.reshape(valid, valid.shape + (1,) * (d_flat.ndim - 1))
-    d_flat = jnp.where(keep, d_flat, jnp.zeros((), d_flat.dtype))
+    keep = broadcast(valid, d_flat.shape, (0,))
+    d_flat = lax.select(keep, d_flat, lax.full_like(d_flat, 0))
     return d_flat, None, None, None
 
 
@@ -109,8 +129,10 @@ class SortedRows:
 
     def __init__(self, spans, groups, carry=()):
         batch = spans.shape[0]
-        index = jnp.arange(batch, dtype=jnp.int32)
-        keyed = lax.sort((-spans, index) + tuple(carry), num_keys=1, is_stable=True)
+        index = lax.iota(jnp.int32, batch)
+        keyed = lax.sort(
+            (lax.neg(spans), index) + tuple(carry), num_keys=1, is_stable=True
+        )
         self.order = keyed[1]
         # The inverse permutation, to put rows back: a sort too, where a
         # scatter would compile three kernels more.
@@ -120,20 +142,27 @@ class SortedRows:
         self.groups = -(-batch // size)
         self.pad = self.groups * size - batch
         # Each sorted row's span: its group's loop bound and its steps' keep.
-        self.sorted_spans = jnp.pad(-keyed[0], (0, self.pad))
-        self.carried = [jnp.pad(v, (0, self.pad)) for v in keyed[2:]]
+        self.sorted_spans = self._padded(lax.neg(keyed[0]))
+        self.carried = [self._padded(v) for v in keyed[2:]]
+
+    def _padded(self, value):
+        """A `(batch,)` int32 value with `pad` zeros after it."""
+        return lax.pad(value, np.int32(0), [(0, self.pad, 0)])
 
     def offsets(self, time):
-        """Each sorted row's first index in the `(batch * time,)` view."""
-        return jnp.pad(self.order, (0, self.pad))[None, None] * time
+        """Each sorted row's first index in the `(batch * time,)` view,
+        `(1, 1, batch + pad)`."""
+        offsets = lax.mul(self._padded(self.order), np.int32(time))
+        return lax.expand_dims(offsets, (0, 1))
 
     def slots(self, positions, time):
         """The flat index in the kernel's `(directions, time, rows, ...)`
         steps of `(e, positions[b, s, e], row of b)`, for each `(b, s, e)`."""
-        directions = positions.shape[-1]
         rows = self.order.shape[0] + self.pad
-        e = jnp.arange(directions, dtype=jnp.int32)
-        return (e * time + positions) * rows + self.inverse[:, None, None]
+        e = lax.broadcasted_iota(jnp.int32, positions.shape, 2)
+        step = lax.add(lax.mul(e, np.int32(time)), positions)
+        row = broadcast(self.inverse, positions.shape, (0,))
+        return lax.add(lax.mul(step, np.int32(rows)), row)
 
     def gather(self, ys, positions):
         """`(batch, time, directions * units)`: direction `e` of row `b` at

@@ -30,7 +30,13 @@ import numpy as np
 from jax import lax
 
 from maskedrnn.backends import jax_cells as cells
-from maskedrnn.backends.jax_rows import SortedRows, move_rows, per_direction, take_rows
+from maskedrnn.backends.jax_rows import (
+    SortedRows,
+    broadcast,
+    move_rows,
+    per_direction,
+    take_rows,
+)
 
 KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
@@ -249,52 +255,74 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     if mask is None:
         mask = jnp.ones((batch, time), bool)
     mask = jnp.asarray(mask).astype(bool)
-    setup.x = jnp.where(mask[..., None], setup.x, jnp.zeros((), setup.x.dtype))
-    t = jnp.arange(time, dtype=jnp.int32)
+    setup.x = _select(lax.expand_dims(mask, (2,)), setup.x, lax.full_like(setup.x, 0))
+    # Index arithmetic in `lax` (see `jax_rows`); `bt` is (batch, time).
+    bt = (batch, time)
+    tb = lax.broadcasted_iota(jnp.int32, bt, 1)
     # Each row's first and last valid step in one two-valued reduction:
     # XLA's CPU backend splits a long single reduction into two kernels.
     first, last = lax.reduce(
-        (jnp.where(mask, t, time), jnp.where(mask, t, -1)),
+        (_where(mask, tb, time), _where(mask, tb, -1)),
         (np.int32(time), np.int32(-1)),
         lambda a, b: (lax.min(a[0], b[0]), lax.max(a[1], b[1])),
         (1,),
     )
-    spans = jnp.maximum(last - first + 1, 0)
+    spans = lax.max(lax.add(lax.sub(last, first), np.int32(1)), np.int32(0))
     rows = SortedRows(spans, _groups(groups), carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
-    i = t[:, None]
     first_sorted, last_sorted = rows.carried
-    read = per_direction(directions, 0, first_sorted + i, last_sorted - i)
-    read = jnp.clip(read, 0, time - 1)
+    tp = (time, first_sorted.shape[0])  # (span position, sorted row)
+    i = lax.broadcasted_iota(jnp.int32, tp, 0)
+    firsts, lasts = (broadcast(v, tp, (1,)) for v in (first_sorted, last_sorted))
+    read = per_direction(directions, 0, lax.add(firsts, i), lax.sub(lasts, i))
+    read = _clip_step(read, time)
     flat_mask = jnp.reshape(mask, (-1,))
-    read_rows = read + rows.offsets(time)  # in the (batch * time,) view
-    keep = take_rows(flat_mask, read_rows) & (i < rows.sorted_spans)
+    read_rows = lax.add(read, rows.offsets(time))  # in the (batch * time,) view
+    in_span = lax.lt(i, broadcast(rows.sorted_spans, tp, (1,)))
+    keep = lax.bitwise_and(take_rows(flat_mask, read_rows), _per_step(in_span, read))
     # Each step's span position for each direction, and the kernel's slot
     # of it: the step's input goes there, its output comes from there.
-    tb = t[None]
-    back = (tb - first[:, None], last[:, None] - tb)
-    positions = jnp.clip(per_direction(directions, -1, *back), 0, time - 1)
+    firsts, lasts = (broadcast(v, bt, (0,)) for v in (first, last))
+    back = (lax.sub(tb, firsts), lax.sub(lasts, tb))
+    positions = _clip_step(per_direction(directions, -1, *back), time)
     slots = rows.slots(positions, time)
     readers = jnp.reshape(slots, (batch * time, directions))
     ys, finals = setup.run(rows, read, keep, (readers, flat_mask))
+    has_steps = lax.gt(spans, np.int32(0))
     if place == "last":
-        has_steps = (spans > 0)[:, None]
         y = jnp.concatenate([f[0] for f in finals], axis=-1)
-        return jnp.where(has_steps, y, jnp.zeros((), y.dtype)), finals
+        return _select(lax.expand_dims(has_steps, (1,)), y, lax.full_like(y, 0)), finals
     if place == "held":
         # A masked step after the last valid one shows that one's output.
-        position = jnp.clip(tb - first[:, None], 0, jnp.maximum(spans - 1, 0)[:, None])
-        shown = (tb >= first[:, None]) & (spans > 0)[:, None]
-        y = rows.gather(ys, position[..., None])
+        held = lax.max(lax.sub(spans, np.int32(1)), np.int32(0))
+        position = lax.min(lax.max(back[0], np.int32(0)), broadcast(held, bt, (0,)))
+        shown = lax.bitwise_and(lax.ge(tb, firsts), broadcast(has_steps, bt, (0,)))
+        y = rows.gather(ys, lax.expand_dims(position, (2,)))
     else:
         # Each kept slot's output goes to one step: its gradient is a gather.
         e = lax.broadcasted_iota(jnp.int32, read.shape, 0)
-        steps = read_rows * directions + e
+        steps = lax.add(lax.mul(read_rows, np.int32(directions)), e)
         moved = (jnp.reshape(steps, (-1, 1)), jnp.reshape(keep, (-1,)))
         y = move_rows(jnp.reshape(ys, (-1, ys.shape[-1])), slots, *moved)
         y = jnp.reshape(y, (batch, time, -1))
         shown = mask
-    return jnp.where(shown[..., None], y, jnp.zeros((), y.dtype)), finals
+    return _select(lax.expand_dims(shown, (2,)), y, lax.full_like(y, 0)), finals
+
+
+def _where(condition, value, other):
+    """`value` where `condition`, else the int32 scalar `other`."""
+    return lax.select(condition, value, lax.full_like(value, other))
+
+
+def _clip_step(steps, time):
+    """`steps` clipped to the steps `0` to `time - 1`."""
+    return lax.clamp(np.int32(0), steps, np.int32(time - 1))
+
+
+def _per_step(value, like):
+    """A `(time, rows)` value broadcast over the directions of `like`,
+    `(directions, time, rows)`."""
+    return broadcast(value, like.shape, (1, 2))
 
 
 class _Setup:
@@ -332,7 +360,7 @@ class _Setup:
         `move_rows`, each step's slots in the kernel's input (its gradient a
         gather), or None."""
         flat = jnp.reshape(self.x, (self.batch * self.time,) + self.x.shape[2:])
-        index = read + rows.offsets(self.time)
+        index = lax.add(read, rows.offsets(self.time))
         if readers is None:
             x_dt = take_rows(flat, index)
         else:
@@ -413,6 +441,16 @@ _IN_RANGE = (
 _ZERO = np.int32(0)
 
 
+def _first_row(j, size):
+    """Group `j`'s first row, int32."""
+    return lax.mul(lax.convert_element_type(j, jnp.int32), np.int32(size))
+
+
+def _row(values, row):
+    """`values[row]` of a `(rows,)` array."""
+    return lax.squeeze(lax.dynamic_slice(values, (row,), (1,), **_IN_RANGE), (0,))
+
+
 def _rows(x, first, size):
     """Rows `first` to `first + size` of `(directions, batch, ...)` `x`."""
     return lax.dynamic_slice_in_dim(x, first, size, axis=1, **_IN_RANGE)
@@ -482,7 +520,7 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
 
     def group(j, loop):
         finals, buf_states, buf_saved = loop
-        first = j * size
+        first = _first_row(j, size)
 
         def step(t, loop):
             state, buf_states, buf_saved = loop
@@ -500,7 +538,7 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
 
         initial = tuple(_rows(s, first, size) for s in states)
         state, buf_states, buf_saved = lax.fori_loop(
-            0, spans[first], step, (initial, buf_states, buf_saved)
+            0, _row(spans, first), step, (initial, buf_states, buf_saved)
         )
         finals = tuple(_put_rows(f, s, first) for f, s in zip(finals, state))
         return finals, buf_states, buf_saved
@@ -541,18 +579,18 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
 
     def group(j, loop):
         d_initial, d_pre = loop
-        first = j * size
-        steps = spans[first]
+        first = _first_row(j, size)
+        steps = _row(spans, first)
         initial = tuple(_rows(s, first, size) for s in states)
 
         def step(i, loop):
             d_state, d_pre = loop
-            t = steps - 1 - i
+            t = lax.sub(lax.sub(steps, np.int32(1)), i)
             kept = _at(keep, t, first, size)[..., None]
             dy = _at(d_ys, t, first, size)
             # A step that keeps the state passes the gradient of its output
             # on to the step before: its output is the state it kept.
-            d_in = (d_state[0] + dy,) + d_state[1:]
+            d_in = (lax.add(d_state[0], dy),) + d_state[1:]
             saved = jax.tree.map(lambda b: _at(b, t, first, size), buf_saved)
             new = tuple(_at(b, t, first, size) for b in buf_states)
             prev = _state_before(buf_states, initial, t, first, size)
@@ -580,8 +618,10 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
 
 def _state_before(buf_states, initial, t, first, size):
     """The states after step `t - 1` of a group (its initial ones at 0)."""
-    before = tuple(_at(b, jnp.maximum(t - 1, 0), first, size) for b in buf_states)
-    return tuple(lax.select(t > 0, b, s) for b, s in zip(before, initial))
+    t_before = lax.max(lax.sub(t, np.int32(1)), np.int32(0))
+    before = tuple(_at(b, t_before, first, size) for b in buf_states)
+    started = lax.gt(t, np.int32(0))
+    return tuple(lax.select(started, b, s) for b, s in zip(before, initial))
 
 
 _tiers.defvjp(_tiers_fwd, _tiers_bwd)
