@@ -415,13 +415,11 @@ def _stacked_weights(inners, kind, dtype):
     weights = [_weights(inner, dtype) for inner in inners]
     kernel = jnp.stack([w[0] for w in weights])
     recurrent = jnp.stack([w[1] for w in weights])
-    # Each bias row on its own leading axis (no transpose to compile).
-    if kind == ("gru", True):
-        rows = [[w[2][k][None] for w in weights] for k in range(2)]
-        bias = jnp.stack([jnp.stack(r) for r in rows])
-    else:
-        bias = jnp.stack([w[2][None] for w in weights])
-    return kernel, recurrent, bias
+    # Each bias row on its own leading axis (no transpose to compile): a
+    # GRU's (2, gates) bias as (2, directions, 1, gates), by a reshape for
+    # one direction (a stack of two rows would be a concatenate to compile).
+    bias = jnp.stack([w[2] for w in weights], axis=-2)
+    return kernel, recurrent, jnp.expand_dims(bias, -2)
 
 
 # ---- the groups, forward and back, with their VJP.
