@@ -777,7 +777,7 @@ def test_bench_runs_gives_each_round_its_own_order_seed(tmp_path):
     assert len(lines) == 3
     for k, line in enumerate(lines):
         assert line.startswith("-m maskedrnn.bench --layer rnn --batch 32 ")
-        assert f"--cell gru --order-seed {k} --json " in line
+        assert f"--cell gru --first-call-repeats 7 --order-seed {k} --json " in line
     runs = json.loads(out.read_text())
     assert [r["jax-rnn-gru"]["order_seed"] for r in runs["rounds"]] == [0, 1, 2]
     assert len(runs["python_probe_ms"]) == 3
