@@ -21,7 +21,6 @@ a shrinking batch, would each be compiled anew).
 """
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +35,15 @@ from maskedrnn.backends.jax_rows import (
     move_rows,
     per_direction,
     take_rows,
+)
+from maskedrnn.backends.jax_steps import (
+    group_rows,
+    group_start,
+    put_group_rows,
+    put_step_rows,
+    step_buffer,
+    step_rows,
+    value_at,
 )
 
 KERNEL = "jax-tiers"
@@ -429,58 +437,6 @@ def _stacked_weights(inners, kind, dtype):
 # `j * size` to `(j + 1) * size`, and its first row is its longest.
 
 
-# The loops' indices are in range: no wrapping of negative ones to trace
-# and compile in every slice (JAX versions without the option wrap them).
-_IN_RANGE = (
-    {"allow_negative_indices": False}
-    if "allow_negative_indices" in inspect.signature(lax.dynamic_slice).parameters
-    else {}
-)
-_ZERO = np.int32(0)
-
-
-def _first_row(j, size):
-    """Group `j`'s first row, int32."""
-    return lax.mul(lax.convert_element_type(j, jnp.int32), np.int32(size))
-
-
-def _row(values, row):
-    """`values[row]` of a `(rows,)` array."""
-    return lax.squeeze(lax.dynamic_slice(values, (row,), (1,), **_IN_RANGE), (0,))
-
-
-def _rows(x, first, size):
-    """Rows `first` to `first + size` of `(directions, batch, ...)` `x`."""
-    return lax.dynamic_slice_in_dim(x, first, size, axis=1, **_IN_RANGE)
-
-
-def _put_rows(x, rows, first):
-    """`x` with `rows` written from row `first` (on its second axis)."""
-    return lax.dynamic_update_slice_in_dim(x, rows, first, axis=1, **_IN_RANGE)
-
-
-def _starts(buffer, t, first):
-    """The start indices of step `t`, row `first` in a `(directions, time,
-    batch, ...)` buffer, in one index dtype (under jax_enable_x64 the
-    literals would be int64); the constant ones static."""
-    t, first = (lax.convert_element_type(i, jnp.int32) for i in (t, first))
-    return (_ZERO, t, first) + (_ZERO,) * (buffer.ndim - 3)
-
-
-def _at(buffer, t, first, size):
-    """`buffer[:, t, first:first + size]` of a `(directions, time, batch,
-    ...)` buffer."""
-    sizes = (buffer.shape[0], 1, size) + buffer.shape[3:]
-    start = _starts(buffer, t, first)
-    return lax.dynamic_slice(buffer, start, sizes, **_IN_RANGE)[:, 0]
-
-
-def _put(buffer, value, t, first):
-    """`buffer` with `value` written at step `t`, rows from `first`."""
-    start = _starts(buffer, t, first)
-    return lax.dynamic_update_slice(buffer, value[:, None], start, **_IN_RANGE)
-
-
 def _select(keep, a, b):
     """`a` where `keep` (broadcast to it), else `b`: `jnp.where` without
     its nested jit, which each first call traces anew."""
@@ -494,11 +450,6 @@ def _is_shape(value):
     )
 
 
-def _buffer(shape, time, dtype):
-    """Zeros for every step of a `(directions, batch, ...)` value."""
-    return jnp.zeros(shape[:1] + (time,) + shape[1:], dtype)
-
-
 def _forward(kind, groups, x_dt, spans, keep, states, params, save):
     """Runs every group: `(outputs, final_states, buffers)`, the buffers
     filled with `save` (the states and pre-activations of every step)."""
@@ -506,39 +457,40 @@ def _forward(kind, groups, x_dt, spans, keep, states, params, save):
     size = batch // groups
     dtype = x_dt.dtype
     rows = states[0].shape[:2]  # (directions, batch)
-    buf_states = tuple(_buffer(s.shape, time, dtype) for s in states)
+    buf_states = tuple(step_buffer(s.shape, time, dtype) for s in states)
     if not save:
         buf_states = buf_states[:1]
     buf_saved = ()
     if save:
         saved_shapes = cells.saved_shapes(kind, rows, params[1].shape[-2])
         buf_saved = jax.tree.map(
-            lambda s: _buffer(s, time, dtype), saved_shapes, is_leaf=_is_shape
+            lambda s: step_buffer(s, time, dtype), saved_shapes, is_leaf=_is_shape
         )
 
     def group(j, loop):
         finals, buf_states, buf_saved = loop
-        first = _first_row(j, size)
+        first = group_start(j, size)
 
         def step(t, loop):
             state, buf_states, buf_saved = loop
-            new, saved = cells.step(kind, params, _at(x_dt, t, first, size), state)
-            kept = _at(keep, t, first, size)[..., None]
+            x_t = step_rows(x_dt, t, first, size)
+            new, saved = cells.step(kind, params, x_t, state)
+            kept = step_rows(keep, t, first, size)[..., None]
             new = tuple(_select(kept, a, b) for a, b in zip(new, state))
             buf_states = tuple(
-                _put(b, s, t, first) for b, s in zip(buf_states, new)
+                put_step_rows(b, s, t, first) for b, s in zip(buf_states, new)
             )
             if save:
                 buf_saved = jax.tree.map(
-                    lambda b, s: _put(b, s, t, first), buf_saved, saved
+                    lambda b, s: put_step_rows(b, s, t, first), buf_saved, saved
                 )
             return new, buf_states, buf_saved
 
-        initial = tuple(_rows(s, first, size) for s in states)
+        initial = tuple(group_rows(s, first, size) for s in states)
         state, buf_states, buf_saved = lax.fori_loop(
-            0, _row(spans, first), step, (initial, buf_states, buf_saved)
+            0, value_at(spans, first), step, (initial, buf_states, buf_saved)
         )
-        finals = tuple(_put_rows(f, s, first) for f, s in zip(finals, state))
+        finals = tuple(put_group_rows(f, s, first) for f, s in zip(finals, state))
         return finals, buf_states, buf_saved
 
     finals, buf_states, buf_saved = lax.fori_loop(
@@ -572,34 +524,36 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
     size = batch // groups
     dtype = x_dt.dtype
     # Every step's pre-activation gradients (zeros at the steps skipped).
-    d_pre = _buffer(states[0].shape[:2] + params[1].shape[-1:], time, dtype)
+    d_pre = step_buffer(states[0].shape[:2] + params[1].shape[-1:], time, dtype)
     d_finals = tuple(jnp.asarray(d, dtype) for d in d_finals)
 
     def group(j, loop):
         d_initial, d_pre = loop
-        first = _first_row(j, size)
-        steps = _row(spans, first)
-        initial = tuple(_rows(s, first, size) for s in states)
+        first = group_start(j, size)
+        steps = value_at(spans, first)
+        initial = tuple(group_rows(s, first, size) for s in states)
 
         def step(i, loop):
             d_state, d_pre = loop
             t = lax.sub(lax.sub(steps, np.int32(1)), i)
-            kept = _at(keep, t, first, size)[..., None]
-            dy = _at(d_ys, t, first, size)
+            kept = step_rows(keep, t, first, size)[..., None]
+            dy = step_rows(d_ys, t, first, size)
             # A step that keeps the state passes the gradient of its output
             # on to the step before: its output is the state it kept.
             d_in = (lax.add(d_state[0], dy),) + d_state[1:]
-            saved = jax.tree.map(lambda b: _at(b, t, first, size), buf_saved)
-            new = tuple(_at(b, t, first, size) for b in buf_states)
+            saved = jax.tree.map(lambda b: step_rows(b, t, first, size), buf_saved)
+            new = tuple(step_rows(b, t, first, size) for b in buf_states)
             prev = _state_before(buf_states, initial, t, first, size)
             d_prev, d_step = cells.step_back(kind, params, d_in, saved, prev, new)
             d_state = tuple(_select(kept, a, b) for a, b in zip(d_prev, d_in))
             d_step = _select(kept, d_step, jnp.zeros_like(d_step))
-            return d_state, _put(d_pre, d_step, t, first)
+            return d_state, put_step_rows(d_pre, d_step, t, first)
 
-        d_last = tuple(_rows(d, first, size) for d in d_finals)
+        d_last = tuple(group_rows(d, first, size) for d in d_finals)
         d_state, d_pre = lax.fori_loop(0, steps, step, (d_last, d_pre))
-        d_initial = tuple(_put_rows(d, s, first) for d, s in zip(d_initial, d_state))
+        d_initial = tuple(
+            put_group_rows(d, s, first) for d, s in zip(d_initial, d_state)
+        )
         return d_initial, d_pre
 
     d_initial, d_pre = lax.fori_loop(0, groups, group, (d_finals, d_pre))
@@ -617,7 +571,7 @@ def _tiers_bwd(kind, groups, residuals, cotangents):
 def _state_before(buf_states, initial, t, first, size):
     """The states after step `t - 1` of a group (its initial ones at 0)."""
     t_before = lax.max(lax.sub(t, np.int32(1)), np.int32(0))
-    before = tuple(_at(b, t_before, first, size) for b in buf_states)
+    before = tuple(step_rows(b, t_before, first, size) for b in buf_states)
     started = lax.gt(t, np.int32(0))
     return tuple(lax.select(started, b, s) for b, s in zip(before, initial))
 
