@@ -376,7 +376,7 @@ class _Setup:
         spec = (self.units, self.count, self.dtype)
         states = _sorted_states(self.states, rows.order, rows.pad, spec)
         kind = _kind(self.inners[0])
-        params = _stacked_weights(self.inners, kind, self.dtype)
+        params = _stacked_weights(self.inners, self.dtype)
         ys, finals = _tiers(
             kind, rows.groups, x_dt, rows.sorted_spans, keep, states, params
         )
@@ -418,7 +418,7 @@ def _read_steps(t, lengths, directions):
     return per_direction(directions, -1, forward, backward)
 
 
-def _stacked_weights(inners, kind, dtype):
+def _stacked_weights(inners, dtype):
     """The directions' `(kernel, recurrent_kernel, bias)` on a leading axis."""
     weights = [_weights(inner, dtype) for inner in inners]
     kernel = jnp.stack([w[0] for w in weights])
