@@ -41,11 +41,6 @@ def take_rows(flat, index):
     )
 
 
-def broadcast(value, shape, dims):
-    """`value` broadcast to `shape`, its axes becoming `dims` of it."""
-    return lax.broadcast_in_dim(value, shape, dims)
-
-
 def per_direction(directions, axis, forward, backward):
     """`forward` (and `backward` for a second direction) on a new axis
     `axis` (0 or -1): a select on that axis, where a stack would be a
@@ -57,7 +52,8 @@ def per_direction(directions, axis, forward, backward):
     shape.insert(axis, directions)
     dims = tuple(d for d in range(len(shape)) if d != axis)
     first = lax.eq(lax.broadcasted_iota(jnp.int32, shape, axis), np.int32(0))
-    forward, backward = (broadcast(v, shape, dims) for v in (forward, backward))
+    forward = lax.broadcast_in_dim(forward, shape, dims)
+    backward = lax.broadcast_in_dim(backward, shape, dims)
     return lax.select(first, forward, backward)
 
 
@@ -108,7 +104,7 @@ def _move_rows_bwd(residuals, d_out):
     d_flat = reads[0]
     for other in reads[1:]:
         d_flat = d_flat + other
-    keep = broadcast(valid, d_flat.shape, (0,))
+    keep = lax.broadcast_in_dim(valid, d_flat.shape, (0,))
     d_flat = lax.select(keep, d_flat, lax.full_like(d_flat, 0))
     return d_flat, None, None, None
 
@@ -161,7 +157,7 @@ class SortedRows:
         rows = self.order.shape[0] + self.pad
         e = lax.broadcasted_iota(jnp.int32, positions.shape, 2)
         step = lax.add(lax.mul(e, np.int32(time)), positions)
-        row = broadcast(self.inverse, positions.shape, (0,))
+        row = lax.broadcast_in_dim(self.inverse, positions.shape, (0,))
         return lax.add(lax.mul(step, np.int32(rows)), row)
 
     def gather(self, ys, positions):

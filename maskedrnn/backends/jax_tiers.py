@@ -31,7 +31,6 @@ from jax import lax
 from maskedrnn.backends import jax_cells as cells
 from maskedrnn.backends.jax_rows import (
     SortedRows,
-    broadcast,
     move_rows,
     per_direction,
     take_rows,
@@ -281,16 +280,17 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     first_sorted, last_sorted = rows.carried
     tp = (time, first_sorted.shape[0])  # (span position, sorted row)
     i = lax.broadcasted_iota(jnp.int32, tp, 0)
-    firsts, lasts = (broadcast(v, tp, (1,)) for v in (first_sorted, last_sorted))
+    ends = (first_sorted, last_sorted)
+    firsts, lasts = (lax.broadcast_in_dim(v, tp, (1,)) for v in ends)
     read = per_direction(directions, 0, lax.add(firsts, i), lax.sub(lasts, i))
     read = _clip_step(read, time)
     flat_mask = jnp.reshape(mask, (-1,))
     read_rows = lax.add(read, rows.offsets(time))  # in the (batch * time,) view
-    in_span = lax.lt(i, broadcast(rows.sorted_spans, tp, (1,)))
+    in_span = lax.lt(i, lax.broadcast_in_dim(rows.sorted_spans, tp, (1,)))
     keep = lax.bitwise_and(take_rows(flat_mask, read_rows), _per_step(in_span, read))
     # Each step's span position for each direction, and the kernel's slot
     # of it: the step's input goes there, its output comes from there.
-    firsts, lasts = (broadcast(v, bt, (0,)) for v in (first, last))
+    firsts, lasts = (lax.broadcast_in_dim(v, bt, (0,)) for v in (first, last))
     back = (lax.sub(tb, firsts), lax.sub(lasts, tb))
     positions = _clip_step(per_direction(directions, -1, *back), time)
     slots = rows.slots(positions, time)
@@ -303,8 +303,9 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
     if place == "held":
         # A masked step after the last valid one shows that one's output.
         held = lax.max(lax.sub(spans, np.int32(1)), np.int32(0))
-        position = lax.min(lax.max(back[0], np.int32(0)), broadcast(held, bt, (0,)))
-        shown = lax.bitwise_and(lax.ge(tb, firsts), broadcast(has_steps, bt, (0,)))
+        held, has_steps = (lax.broadcast_in_dim(v, bt, (0,)) for v in (held, has_steps))
+        position = lax.min(lax.max(back[0], np.int32(0)), held)
+        shown = lax.bitwise_and(lax.ge(tb, firsts), has_steps)
         y = rows.gather(ys, lax.expand_dims(position, (2,)))
     else:
         # Each kept slot's output goes to one step: its gradient is a gather.
@@ -330,7 +331,7 @@ def _clip_step(steps, time):
 def _per_step(value, like):
     """A `(time, rows)` value broadcast over the directions of `like`,
     `(directions, time, rows)`."""
-    return broadcast(value, like.shape, (1, 2))
+    return lax.broadcast_in_dim(value, like.shape, (1, 2))
 
 
 class _Setup:
