@@ -359,12 +359,27 @@ def tier_sizes(monkeypatch):
     return lambda: [tuple(to_np(a).shape[:2]) for a in gru + rnn]
 
 
+def whole_blocks(cell, steps):
+    """`steps` rounded up to whole loop iterations of `cell`'s step loops:
+    the steps the tiers run."""
+    from maskedrnn.backends import tensorflow_cells
+
+    kind = CELLS[cell][0]
+    block = (
+        tensorflow_cells.GRU_BLOCK
+        if kind is keras.layers.GRU
+        else tensorflow_cells.RNN_BLOCK
+    )
+    return -(-steps // block) * block
+
+
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
 @pytest.mark.parametrize("batch, tiers", [(24, 1), (64, 2), (111, 3), (300, 4)])
 def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
     """Rows sorted by length run in tiers of at least 32 rows (at most 4);
-    each tier stops where the longest row outside it ends. Outputs, final
-    states and every gradient equal Keras' masked layer's."""
+    each tier stops where the longest row outside it ends, rounded up to
+    whole loop iterations. Outputs, final states and every gradient equal
+    Keras' masked layer's."""
     time = 9
     sizes = tier_sizes(monkeypatch)
     ours, ref = pair(cell, wrapper)
@@ -381,9 +396,48 @@ def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
         rows = [r for _, r in calls[first : first + tiers]]
         assert rows == sorted(rows, reverse=True) and rows[0] == batch
         assert tiers == 1 or rows[-1] < batch
-        assert sum(t for t, _ in calls[first : first + tiers]) == mask.sum(1).max()
+        # Whole loop iterations to the longest row's end.
+        steps = sum(t for t, _ in calls[first : first + tiers])
+        assert steps == whole_blocks(cell, mask.sum(1).max())
     if tiers > 1:
-        assert sum(t * r for t, r in calls) < n * batch * mask.sum(1).max()
+        # Fewer steps than one tier would run.
+        one_tier = whole_blocks(cell, mask.sum(1).max())
+        assert sum(t * r for t, r in calls) < n * batch * one_tier
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("time, longest", [(8, 5), (9, 5), (9, 9), (9, 0)])
+def test_one_tier_stops_at_the_longest_row(cell, wrapper, time, longest, monkeypatch):
+    """One tier runs the fewest whole loop iterations holding the longest
+    row, the time axis padded when they pass its end. Outputs, final states
+    and every gradient equal Keras' masked layer's, eagerly and in a
+    `tf.function` of known sizes, with every row empty too."""
+    batch = 20
+    sizes = tier_sizes(monkeypatch)
+    ours, ref = pair(cell, wrapper)
+    x = tf.constant(inputs(4, batch=batch, time=time))
+    mask = np.zeros((batch, time), bool)
+    mask[:, :longest] = tier_mask(batch, longest, seed=3)
+    with backends.force(KERNEL):
+        assert_matches(ours, ref, x, mask=mask)
+    runs = [(whole_blocks(cell, longest), batch)]
+    assert sizes() == runs * (2 if wrapper == "bidirectional" else 1)
+
+    def step(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = layer(x, mask=tf.constant(mask))
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    want, want_grads = step(ref)
+    for i, (a, e) in enumerate(zip(list(got) + got_grads, list(want) + want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"tensor {i}"
+        )
 
 
 @pytest.mark.parametrize(
@@ -405,7 +459,8 @@ def test_tiers_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
     want, want_grads = outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
     for a, e in zip(got + got_grads, want + want_grads):
         np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
-    assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
+    steps = whole_blocks(cell, lengths.max())
+    assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == steps
 
 
 def test_eager_gradients_over_several_shapes(cell):

@@ -118,49 +118,60 @@ def _sum_matmul(a, b):
     return tf.matmul(a, b, transpose_a=True)
 
 
-# Steps per while_loop iteration, sharing the loop's own ops; a tier's
-# last block may run past its end on zeros.
-BLOCK = 4
+# Steps per while_loop iteration (a block), sharing the loop's own ops:
+# the tiers end on whole blocks (`tiers.run_tiers`' `block`), so the loops
+# never pad. Each step is traced into the loop's body, so a longer block
+# costs first calls what it saves in steady state: a GRU step is large
+# enough for 2, a SimpleRNN step's small matmul gains from 4.
+GRU_BLOCK = 2
+RNN_BLOCK = 4
 
 
-def _scan(step, h0, seqs, widths, backward=False):
-    """Runs `h, outs = step(h, inputs)` over time-major `seqs`, `BLOCK` at a time.
+def _scan(step, h0, seqs, widths, block, blocks, backward=False):
+    """Runs `h, outs = step(h, inputs)` over time-major `seqs`, `block` at a time.
 
     Args:
         step: A function of `(h, list of (rows, width) tensors)` returning
             `(h, list of (rows, width_i) tensors)`, one per `widths`.
         h0: `(rows, units)`, the carried value before the first step.
-        seqs: List of `(steps, rows, width)` tensors.
+        seqs: List of `(blocks * block, rows, width)` tensors.
         widths: Python ints, the widths of `step`'s outputs.
+        block: Python int, the steps per loop iteration.
+        blocks: Scalar int32 tensor, the loop's iterations.
         backward: Whether to run from the last step to the first.
 
     Returns:
-        `(h, outs)`: the last carried value and one `(steps, rows,
-        width_i)` tensor per `widths`.
+        `(h, outs)`: the last carried value and one `(blocks * block,
+        rows, width_i)` tensor per `widths`.
     """
-    steps, rows = size(seqs[0], 0), size(h0, 0)
+    rows = size(h0, 0)
     dtype = seqs[0].dtype
-    blocks = (steps + BLOCK - 1) // BLOCK
-    pad = blocks * BLOCK - steps
     blocked = [
-        tf.reshape(
-            tf.pad(s, [[0, pad], [0, 0], [0, 0]]),
-            reshape_to([blocks, BLOCK, rows, s.shape[-1]]),
-        )
-        for s in seqs
+        tf.reshape(s, reshape_to([blocks, block, rows, s.shape[-1]])) for s in seqs
     ]
     known_rows = rows if isinstance(rows, int) else None
+    # The steps, for a reshape: unknown, read as -1 where the rows are known.
+    steps = -1 if known_rows is not None else blocks * block
     arrays = [
         tf.TensorArray(
-            dtype, size=blocks, element_shape=tf.TensorShape([BLOCK, known_rows, w])
+            dtype, size=blocks, element_shape=tf.TensorShape([block, known_rows, w])
         )
         for w in widths
     ]
-    order = range(BLOCK - 1, -1, -1) if backward else range(BLOCK)
+    order = range(block - 1, -1, -1) if backward else range(block)
 
     def body(i, h, *arrays):
-        inputs = [tf.unstack(b[i], num=BLOCK) for b in blocked]
-        outs = [[None] * BLOCK for _ in widths]
+        # Block i of each sequence: one slice (a view, no copy) sharing its
+        # bounds, where `b[i]` is six ops each.
+        begin = tf.reshape(i, [1])
+        end, one = begin + 1, tf.constant([1])
+        inputs = [
+            tf.unstack(
+                tf.strided_slice(b, begin, end, one, shrink_axis_mask=1), num=block
+            )
+            for b in blocked
+        ]
+        outs = [[None] * block for _ in widths]
         for j in order:
             h, out = step(h, [x[j] for x in inputs])
             for kept, value in zip(outs, out):
@@ -180,20 +191,21 @@ def _scan(step, h0, seqs, widths, backward=False):
         else:
             # An empty TensorArray of unknown row count does not stack.
             full = tf.cond(
-                blocks > 0, a.stack, lambda: tf.zeros((0, BLOCK, rows, w), dtype)
+                blocks > 0, a.stack, lambda: tf.zeros((0, block, rows, w), dtype)
             )
-        full = tf.reshape(full, reshape_to([blocks * BLOCK, rows, w]))
-        results.append(full[:steps])
+        results.append(tf.reshape(full, reshape_to([steps, rows, w])))
     return out[1], results
 
 
-def _gru_forward(xp, h0, u, bh, reset_after, units):
+def _gru_forward(xp, h0, u, bh, reset_after, units, blocks):
     """The outputs `(steps, rows, units)` of the GRU recurrence from `h0`.
 
     `xp` holds the input projections with their bias, `bh` the recurrent
-    bias; `units` is static, as shapes may be traced relaxed.
+    bias; `units` is static, as shapes may be traced relaxed; `xp` holds
+    `blocks` blocks of `GRU_BLOCK` steps.
     """
-    u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
+    if not reset_after:
+        u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
 
     def step(h, inputs):
         x_zr, x_h = inputs
@@ -210,10 +222,10 @@ def _gru_forward(xp, h0, u, bh, reset_after, units):
         return h, [h]
 
     x_zr_h = tf.split(xp, [2 * units, units], axis=2)
-    return _scan(step, h0, x_zr_h, [units])[1][0]
+    return _scan(step, h0, x_zr_h, [units], GRU_BLOCK, blocks)[1][0]
 
 
-def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units):
+def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units, blocks):
     """Gradients w.r.t. `(xp, h0, u, bh)`: gates recomputed, `dh` carried back."""
     dtype = xp.dtype
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
@@ -242,7 +254,15 @@ def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units):
             d_rec = tf.concat([g, g, g], axis=1) * c_t
             return g * z_t + tf.matmul(d_rec, u_t), [g]
 
-        dh0, (g,) = _scan(step_after, tf.zeros_like(h0), [dhs, z, c_rec], [units], True)
+        dh0, (g,) = _scan(
+            step_after,
+            tf.zeros_like(h0),
+            [dhs, z, c_rec],
+            [units],
+            GRU_BLOCK,
+            blocks,
+            backward=True,
+        )
         g3 = tf.concat([g, g, g], axis=2)
         d_rec = g3 * c_rec
         d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
@@ -261,7 +281,13 @@ def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units):
         return g * z_t + d_rh * r_t + tf.matmul(d_zr, u_zr_t), [g, d_r]
 
     dh0, (g, d_r) = _scan(
-        step, tf.zeros_like(h0), [dhs, z, r, c_z, c_h, c_r], [units, units], True
+        step,
+        tf.zeros_like(h0),
+        [dhs, z, r, c_z, c_h, c_r],
+        [units, units],
+        GRU_BLOCK,
+        blocks,
+        backward=True,
     )
     d_zr = tf.concat([g * c_z, d_r], axis=2)
     d_h = g * c_h
@@ -270,17 +296,17 @@ def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units):
     return d_xp, dh0, tf.cast(d_u, dtype), tf.zeros_like(bh)
 
 
-def _rnn_forward(xp, h0, u, units):
+def _rnn_forward(xp, h0, u, units, blocks):
     """The outputs of the SimpleRNN recurrence `h' = tanh(xp_t + h U)`."""
 
     def step(h, inputs):
         h = tf.tanh(inputs[0] + tf.matmul(h, u))
         return h, [h]
 
-    return _scan(step, h0, [xp], [units])[1][0]
+    return _scan(step, h0, [xp], [units], RNN_BLOCK, blocks)[1][0]
 
 
-def _rnn_backward(xp, h0, hs, dhs, u, units):
+def _rnn_backward(xp, h0, hs, dhs, u, units, blocks):
     """The gradients of `_rnn_forward`'s outputs w.r.t. `(xp, h0, u)`."""
     dtype = xp.dtype
     u_t = tf.transpose(u)
@@ -289,7 +315,15 @@ def _rnn_backward(xp, h0, hs, dhs, u, units):
         d = (inputs[0] + dh) * inputs[1]
         return tf.matmul(d, u_t), [d]
 
-    dh0, (d,) = _scan(step, tf.zeros_like(h0), [dhs, 1 - hs * hs], [units], True)
+    dh0, (d,) = _scan(
+        step,
+        tf.zeros_like(h0),
+        [dhs, 1 - hs * hs],
+        [units],
+        RNN_BLOCK,
+        blocks,
+        backward=True,
+    )
     h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
     return d, dh0, tf.cast(_sum_matmul(h_prev, d), dtype)
 
@@ -318,8 +352,8 @@ def _call(function, sequences, others, shared, rows_known):
     In the shared trace each of `sequences` (the tensors of a tier's rows
     and steps: `(steps, rows, width)` or `(rows, width)`) has its steps
     unknown, and its rows too unless `rows_known` (one tier, so one trace
-    of known sizes serves every call); the weights and Python values of
-    `others` are part of it as they are."""
+    of known sizes serves every call); the weights, tensors and Python
+    values of `others` are part of it as they are."""
     if not (shared or tf.executing_eagerly()):
         return function.python_function(*sequences, *others)
     # Eagerly, one trace serves batches of every size.
@@ -336,11 +370,11 @@ def _call(function, sequences, others, shared, rows_known):
     return function(*sequences, *others)
 
 
-def _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known):
+def _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known, blocks):
     @tf.custom_gradient
     def recurrence(xp, h0, u, bh):
         units = u.shape[0]
-        others = (u, bh, reset_after, units)
+        others = (u, bh, reset_after, units, blocks)
         hs = _call(_GRU_FORWARD, (xp, h0), others, shared, rows_known)
 
         def grad(dhs):
@@ -352,15 +386,15 @@ def _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known):
     return recurrence(xp, h0, u, bh)
 
 
-def _rnn_recurrence(xp, h0, u, shared, rows_known):
+def _rnn_recurrence(xp, h0, u, shared, rows_known, blocks):
     @tf.custom_gradient
     def recurrence(xp, h0, u):
-        units = u.shape[0]
-        hs = _call(_RNN_FORWARD, (xp, h0), (u, units), shared, rows_known)
+        others = (u, u.shape[0], blocks)
+        hs = _call(_RNN_FORWARD, (xp, h0), others, shared, rows_known)
 
         def grad(dhs):
             sequences = (xp, h0, hs, dhs)
-            return _call(_RNN_BACKWARD, sequences, (u, units), shared, rows_known)
+            return _call(_RNN_BACKWARD, sequences, others, shared, rows_known)
 
         return hs, grad
 
@@ -368,9 +402,9 @@ def _rnn_recurrence(xp, h0, u, shared, rows_known):
 
 
 def _segment(cell, dtype, shared, rows_known):
-    """The `segment` running one tier of `cell`, weights cast once, its step
-    loops the shared graphs where `shared` (traced for the rows of the
-    one tier where `rows_known`)."""
+    """The `segment` of `tiers.chained` running `cell`, weights cast once,
+    its step loops the shared graphs where `shared` (traced for the rows
+    of the one tier where `rows_known`)."""
     kernel = ops.cast(cell.kernel, dtype)
     u = ops.cast(cell.recurrent_kernel, dtype)
     units = cell.units
@@ -386,14 +420,18 @@ def _segment(cell, dtype, shared, rows_known):
     else:
         b = ops.cast(cell.bias, dtype) if cell.use_bias else None
 
-    def segment(x_k, states):
+    def segment(x_k, states, steps):
         xp = _flat_matmul(x_k, kernel)
         if b is not None:
             xp = xp + b
+        h0 = states[0]
         if isinstance(cell, keras.layers.GRUCell):
-            h0 = states[0]
-            return [_gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known)]
-        return [_rnn_recurrence(xp, states[0], u, shared, rows_known)]
+            blocks = steps // GRU_BLOCK
+            hs = _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known, blocks)
+        else:
+            blocks = steps // RNN_BLOCK
+            hs = _rnn_recurrence(xp, h0, u, shared, rows_known, blocks)
+        return [hs]
 
     return segment
 
@@ -431,6 +469,7 @@ def run(inner, x, initial_state, steps, want_states):
         tiers.chained(_segment(cell, dtype, calls > 1, count == 1)),
         count,
         want_states=False,
+        block=GRU_BLOCK if isinstance(cell, keras.layers.GRUCell) else RNN_BLOCK,
     )
     if not want_states:
         return y, None

@@ -112,12 +112,14 @@ def in_xla_context():
     return bool(control_flow_util.GraphOrParentsInXlaContext(graph))
 
 
-def run_tiers(x, states, steps, recurrence, tiers, want_states):
+def run_tiers(x, states, steps, recurrence, tiers, want_states, block=1):
     """`recurrence` over batch-major valid-first `x` in `tiers` tiers.
 
     Tier k runs the sorted rows `[0, m_k)` from where tier k - 1 stopped
-    until the longest row outside it ends. Steps past a row's length give
-    values the caller ignores; steps past the longest row give zeros.
+    until the longest row outside it ends, in whole blocks of `block`
+    steps. Steps past a row's length give values the caller ignores, and
+    so do those of the last block past the longest row's end; steps after
+    it give zeros.
 
     Args:
         x: `(batch, time, features)`, valid-first, zeros at padded steps.
@@ -128,12 +130,16 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
             every tier over the time-major, sorted `x` `(time, batch,
             features)`, tier k over the next `steps[k]` steps and the rows
             `[0, rows[k])`, from the states after the tier before
-            (`states` before tier 0); `steps` ends with the steps past
-            every tier, `rows` (Python ints or scalars) has one entry per
-            tier. Returns one `(time, batch, units_i)` sequence per state,
-            tier after tier, zeros past every tier (`full`).
+            (`states` before tier 0); `steps` (int32, a list of scalars
+            for one tier, else a tensor; multiples of `block`) ends with
+            the steps past every tier, `rows` (Python ints or scalars) has
+            one entry per tier. `x`'s time axis is a multiple of `block`.
+            Returns one `(time, batch, units_i)` sequence per state, tier
+            after tier, zeros past every tier (`full`).
         tiers: Python int, the number of tiers (`tier_count`).
         want_states: Whether the final states other than `h` are wanted.
+        block: Python int, the steps a recurrence runs at a time: each
+            tier runs a multiple of it, `x` padded with zero steps to one.
 
     Returns:
         `(h, others)` in `x`'s row order: outputs `(batch, time, units)`,
@@ -141,6 +147,7 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
         without `want_states`.
     """
     batch, time = size(x, 0), size(x, 1)
+    batch_and_time = x.shape[:2]
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
@@ -148,13 +155,22 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
     if order is not None:
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
+    blocks_time = _whole(time, block)
+    pad = blocks_time - time
+    padded = block > 1 and (not isinstance(pad, int) or pad > 0)
+    if padded:
+        x = tf.pad(x, [[0, 0], [0, pad], [0, 0]])
     tier_steps = steps.shared(
-        ("tf-tier-steps", tiers), lambda: _tier_steps(lengths, rows, time)
+        ("tf-tier-steps", tiers, block),
+        lambda: _tier_steps(lengths, rows, blocks_time, block),
     )
     sequences = recurrence(tf.transpose(x, (1, 0, 2)), tier_steps, states, rows[:tiers])
     h = tf.transpose(sequences[0], (1, 0, 2))
+    if padded:
+        # A split, whose gradient is a concat (a slice's is slower).
+        h = tf.split(h, tf.stack([time, pad]), num=2, axis=1)[0]
     # The padded tiers' time axis is traced unknown; it is `x`'s.
-    h.set_shape(x.shape[:2].concatenate(h.shape[2:]))
+    h.set_shape(batch_and_time.concatenate(h.shape[2:]))
     if want_states:
         others = [_last_states(seq, lengths, batch) for seq in sequences[1:]]
     else:
@@ -167,9 +183,10 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states):
 
 
 def chained(segment):
-    """The `recurrence` of `run_tiers` that runs `segment(x_k, states_k)
-    -> sequences` on each tier's steps and rows in turn, each call with its
-    own gradient, the states passed on by `states_after`."""
+    """The `recurrence` of `run_tiers` that runs `segment(x_k, states_k,
+    steps_k) -> sequences` on each tier's steps (`steps_k` of them, a
+    scalar) and rows in turn, each call with its own gradient, the states
+    passed on by `states_after`."""
 
     def recurrence(x, steps, states, rows):
         segments = tf.split(x, steps, num=len(rows) + 1)
@@ -179,7 +196,7 @@ def chained(segment):
             if k:
                 x_k = first_rows(x_k, rows_k)
                 states = states_after(states, per_tier[-1], rows_k)
-            per_tier.append(segment(x_k, states))
+            per_tier.append(segment(x_k, states, steps[k]))
         pads = paddings(size(x, 1), rows)
         past = steps[len(rows)]
         return [full([s[i] for s in per_tier], pads, past) for i in range(len(states))]
@@ -227,17 +244,23 @@ def full(per_tier, pads, past):
     return tf.pad(joined, [[0, past], [0, 0], [0, 0]])
 
 
-def _tier_steps(lengths, rows, time):
-    """The steps of each tier of sorted `lengths`, then those past every
-    tier: `(tiers + 1,)` int32."""
+def _tier_steps(lengths, rows, time, block):
+    """The steps of each tier of sorted `lengths`, each tier's end rounded
+    up to a multiple of `block` (and `time` one), then those past every
+    tier: `(tiers + 1,)` int32, a list of two scalars for one tier."""
     if len(rows) == 2:
         # One tier, unsorted, to the longest row.
-        end = tf.reduce_max(tf.concat([lengths, [0]], axis=0))
-        return tf.stack([end, time - end])
+        end = _whole(tf.reduce_max(tf.concat([lengths, [0]], axis=0)), block)
+        return [end, time - end]
     # Sorted, the longest row of rows [m, batch) is row m.
-    ends = tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:])
+    ends = _whole(tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:]), block)
     bounds = tf.concat([[0], ends, [time]], axis=0)
     return bounds[1:] - bounds[:-1]
+
+
+def _whole(steps, block):
+    """`steps` rounded up to a multiple of `block`."""
+    return steps if block == 1 else (steps + (block - 1)) // block * block
 
 
 def _sorted_lengths(steps, batch, tiers):
