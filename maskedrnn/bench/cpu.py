@@ -62,6 +62,13 @@ def runs():
     # JAX's length tiers: the larger size, and the bidirectional GRU with states.
     found["jax-lstm-b64-t200-u128"] = ("jax", BIG)
     found["jax-gru-state"] = ("jax", f"{SIZES} --cell gru --return-state")
+    # The first call's targets at the larger size: the GRU and MaskedRNN
+    # (left-padded) on every backend.
+    for b in BACKENDS:
+        found[f"{b}-gru-b64-t200-u128"] = (b, f"{BIG} --cell gru")
+        for c in ("lstm", "gru"):
+            options = f"--layer rnn {BIG} --padding pre --cell {c}"
+            found[f"{b}-rnn-{c}-b64-t200-u128"] = (b, options)
     # A JAX first call is mostly XLA compiling, whose time spreads most on a
     # shared machine: the median of 7 calls, not 3.
     for name, (backend, options) in found.items():
@@ -76,11 +83,16 @@ def default_names():
     for b in BACKENDS:
         names += [f"{b}-rnn-{c}{s}" for c in ("lstm", "gru") for s in ("", "-state")]
         names += [f"{b}-rnn-simplernn", f"{b}-rnn-simplernn-state"]
-    return names + [
+    names += [
         "tensorflow-lstm-b64-t200-u128",
         "tensorflow-lstm-b64-t200-u128-state",
         "jax-lstm-b64-t200-u128",
         "jax-gru-state",
+    ]
+    return names + [
+        f"{b}-{k}-b64-t200-u128"
+        for b in BACKENDS
+        for k in ("gru", "rnn-lstm", "rnn-gru")
     ]
 
 
