@@ -10,7 +10,7 @@ Run from the project root: each run writes `docs/results/cpu-<name>.json`
 `*-lstm` runs the plots `docs/img/bench_cpu_<backend>.png`. Then
 `python -m maskedrnn.bench.docs_tables` rewrites the pages' tables from the
 JSON. Each run is its own process (the Keras backend and the thread pools
-are fixed at start). Takes about 45 minutes on a 2-core machine, plus the
+are fixed at start). Takes about 55 minutes on a 2-core machine, plus the
 first calls (`--first-call-repeats 3` by default: a minute or two more per
 run). `BENCH_ARGS`, if set, is added to every run's options
 (`maskedrnn.bench.runs` passes each round's `--order-seed` this way);
