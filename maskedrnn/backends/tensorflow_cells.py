@@ -450,7 +450,8 @@ def run(inner, x, initial_state, steps, want_states):
 
     Returns:
         `(outputs, states)`: `outputs` `(batch, time, units)`, exact at
-        valid steps, zeros past the longest row; `states` `[h]` after each
+        valid steps, zeros past the longest row's loop iteration (any
+        value at a padded step before); `states` `[h]` after each
         row's last valid step (initial for a row with none), or None when
         not wanted.
     """
