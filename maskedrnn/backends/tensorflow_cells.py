@@ -127,6 +127,11 @@ GRU_BLOCK = 2
 RNN_BLOCK = 4
 
 
+def _block(cell):
+    """The steps per loop iteration of `cell`'s step loops."""
+    return GRU_BLOCK if isinstance(cell, keras.layers.GRUCell) else RNN_BLOCK
+
+
 def _scan(step, h0, seqs, widths, block, blocks, backward=False):
     """Runs `h, outs = step(h, inputs)` over time-major `seqs`, `block` at a time.
 
@@ -425,11 +430,10 @@ def _segment(cell, dtype, shared, rows_known):
         if b is not None:
             xp = xp + b
         h0 = states[0]
+        blocks = steps // _block(cell)
         if isinstance(cell, keras.layers.GRUCell):
-            blocks = steps // GRU_BLOCK
             hs = _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known, blocks)
         else:
-            blocks = steps // RNN_BLOCK
             hs = _rnn_recurrence(xp, h0, u, shared, rows_known, blocks)
         return [hs]
 
@@ -470,7 +474,7 @@ def run(inner, x, initial_state, steps, want_states):
         tiers.chained(_segment(cell, dtype, calls > 1, count == 1)),
         count,
         want_states=False,
-        block=GRU_BLOCK if isinstance(cell, keras.layers.GRUCell) else RNN_BLOCK,
+        block=_block(cell),
     )
     if not want_states:
         return y, None
