@@ -478,14 +478,14 @@ def test_eager_gradients_over_several_shapes():
             assert_matches(ours, ref, x.astype("float32"), mask=mask)
 
 
-@pytest.mark.parametrize("batch, called", [(20, False), (37, True)])
-def test_gradient_traced_once_per_sizes(batch, called, monkeypatch):
+@pytest.mark.parametrize("batch", [20, 37])
+def test_gradient_traced_once_per_sizes(batch, monkeypatch):
     """The gradient's step loop is one graph traced once per sizes (features,
     units) with the steps and rows unknown: every tier and direction calls
     that trace, tiers of unequal rows and steps alike, and a stacked layer
     of other sizes in the same function gets its own. Two directions of 1
-    tier inline it, two of 2 tiers call it (`INLINED_CALLS`). Outputs and
-    every gradient equal Keras' masked layers'."""
+    or 2 tiers call it (more than `INLINED_CALLS`). Outputs and every
+    gradient equal Keras' masked layers'."""
     from maskedrnn.backends import tensorflow_block_lstm
 
     names = ("_BACKWARD", "_BACKWARD_CALLED")
@@ -493,6 +493,49 @@ def test_gradient_traced_once_per_sizes(batch, called, monkeypatch):
     plans = check_stacked_bidirectional("lstm", batch, 9, D, [U, U + 3])
     assert kernels_of(plans) == {KERNEL}
     # 1 or 2 tiers in each of 4 directions, traced twice (once per layer).
-    used, unused = names[::-1] if called else names
-    assert graphs[used].experimental_get_tracing_count() == 2
-    assert graphs[unused].experimental_get_tracing_count() == 0
+    assert graphs["_BACKWARD_CALLED"].experimental_get_tracing_count() == 2
+    assert graphs["_BACKWARD"].experimental_get_tracing_count() == 0
+
+
+@pytest.mark.parametrize("layer, batch, calls", [("rnn", 9, 1), ("bi", 37, 4)])
+def test_gradient_calls_share_one_graph(layer, batch, calls, monkeypatch):
+    """A layer call that runs the gradient's step loop once (one tier, one
+    direction) inlines it; more calls (here 2 tiers in 2 directions) call
+    the one traced graph as it is: its definition in the step's graph is
+    marked `_noinline` and `_nospecialize`, so TensorFlow's optimiser
+    neither inlines it nor copies it per call (each copy would be optimised
+    anew)."""
+    import tensorflow as tf
+
+    from maskedrnn.backends import tensorflow_block_lstm
+
+    names = ("_BACKWARD", "_BACKWARD_CALLED")
+    graphs = fresh_graphs(monkeypatch, tensorflow_block_lstm, names)
+    inner = keras.layers.LSTM(U, return_sequences=True)
+    ours = MaskedRNN(inner) if layer == "rnn" else MaskedBidirectional(inner)
+    x = tf.constant(np.random.default_rng(0).standard_normal((batch, 9, D)), "float32")
+    mask = tf.constant(tier_mask(batch, 9, seed=0))
+
+    @tf.function
+    def step(x, mask):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(ours(x, mask=mask))
+        return tape.gradient(loss, [x] + ours.trainable_variables)
+
+    with backends.record() as plans:
+        graph = step.get_concrete_function(x, mask).graph.as_graph_def()
+    assert kernels_of(plans) == {KERNEL}
+    called = calls > tensorflow_block_lstm.INLINED_CALLS
+    used = graphs["_BACKWARD_CALLED" if called else "_BACKWARD"]
+    assert used.experimental_get_tracing_count() == 1
+    names = [
+        node.attr["f"].func.name
+        for node in graph.node
+        if node.op in ("PartitionedCall", "StatefulPartitionedCall")
+        and "_backward" in node.attr["f"].func.name
+    ]
+    assert len(names) == calls and len(set(names)) == 1, names
+    (definition,) = [f for f in graph.library.function if f.signature.name == names[0]]
+    for attribute in ("_noinline", "_nospecialize"):
+        assert definition.attr[attribute].b == called, attribute

@@ -11,6 +11,7 @@ exporter.
 import keras
 import tensorflow as tf
 from keras import ops
+from tensorflow.python.eager import context as tf_context
 
 from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
@@ -318,11 +319,11 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes
 
 
 # One graph, traced once per sizes for every tier and direction of every
-# layer. Where a layer call runs it at most `INLINED_CALLS` times (tiers
-# times directions), each call inlines a copy, optimised with the graph
-# around it; more calls call the one graph, optimised once (`_noinline`),
-# where copies would each be optimised again.
-INLINED_CALLS = 2
+# layer. Where a layer call runs it once (one tier, one direction), the call
+# inlines it, optimised with the graph around it; more calls call the one
+# graph (`_noinline`, `unspecialized`), optimised and instantiated once,
+# where inlined copies would each be optimised again.
+INLINED_CALLS = 1
 _BACKWARD = tf.function(_backward, autograph=False)
 _BACKWARD_CALLED = tf.function(
     _backward, autograph=False, experimental_attributes={"_noinline": True}
@@ -350,9 +351,42 @@ def _backward_graph(
         tuple(tf.TensorSpec(t.shape, t.dtype) for t in shared),
     )
     graph = _BACKWARD if calls <= INLINED_CALLS else _BACKWARD_CALLED
-    graph.get_concrete_function(*specs, sizes)
+    concrete = graph.get_concrete_function(*specs, sizes)
+    if graph is _BACKWARD_CALLED:
+        unspecialized(concrete)
     args = (x, h0, c0, weights, tuple(gates), cs_grad, h_grad, tuple(carried))
     return graph(*args, shared, sizes)
+
+
+# TensorFlow's function attribute (not one `tf.function` accepts) that stops
+# its graph optimiser from copying a called function per call.
+_NO_SPECIALIZE = "_nospecialize"
+
+
+def unspecialized(concrete):
+    """Marks the traced graph `concrete` so that every call runs the one
+    graph.
+
+    Before a function's first run, TensorFlow's graph optimiser (Grappler's
+    function optimizer) gives each call of another function a copy of it,
+    specialised to that call: its constant inputs (zero states) folded in,
+    its unused outputs (the initial states' gradients) dropped. Each copy
+    is then optimised and instantiated anew, which costs every tier and
+    direction of an LSTM's gradient as much as its first. Marked (with the
+    FunctionDef attribute `_nospecialize`, which `tf.function` does not
+    take), the calls share one instantiation of the function.
+
+    Re-registers the function's definition with the attribute in the eager
+    context, where every graph that calls it reads it from; once per traced
+    graph, before any call.
+    """
+    context = tf_context.context()
+    definition = context.get_function_def(concrete.name)
+    if definition.attr[_NO_SPECIALIZE].b:
+        return
+    definition.attr[_NO_SPECIALIZE].b = True
+    context.remove_function(concrete.name)
+    context.add_function_def(definition)
 
 
 def run(inner, x, initial_state, steps, want_states):
