@@ -319,11 +319,12 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes
 
 
 # One graph, traced once per sizes for every tier and direction of every
-# layer. Where a layer call runs it once (one tier, one direction), the call
-# inlines it, optimised with the graph around it; more calls call the one
-# graph (`_noinline`, `unspecialized`), optimised and instantiated once,
-# where inlined copies would each be optimised again.
-INLINED_CALLS = 1
+# layer. Where a layer call runs it at most `INLINED_CALLS` times (tiers
+# times directions), each call inlines a copy, optimised with the graph
+# around it; more calls call the one graph (`_noinline`, `unspecialized`),
+# optimised and instantiated once, where copies would each be optimised
+# again.
+INLINED_CALLS = 2
 _BACKWARD = tf.function(_backward, autograph=False)
 _BACKWARD_CALLED = tf.function(
     _backward, autograph=False, experimental_attributes={"_noinline": True}
