@@ -294,7 +294,7 @@ def _backward(x, h0, c0, weights, gates, cs_grad, h_grad, carried, shared, sizes
         step,
         (steps - 1, *carried, gate_grads),
     )
-    gate_grads = tiers.stacked(gate_grads, steps, rows, 4 * units, dtype)
+    gate_grads = tiers.stack(gate_grads, [rows, 4 * units])
     d_i, d_c, d_f, d_o = tf.split(gate_grads, 4, axis=2)
     # All steps at once; sums in float32, as float16 would lose small terms.
     d = tf.reshape(tf.concat([d_i, d_f, d_c, d_o], 2), (-1, 4 * units))

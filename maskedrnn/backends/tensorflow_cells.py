@@ -194,10 +194,7 @@ def _scan(step, h0, seqs, widths, block, blocks, backward=False):
         if known_rows is not None:
             full = a.stack()
         else:
-            # An empty TensorArray of unknown row count does not stack.
-            full = tf.cond(
-                blocks > 0, a.stack, lambda: tf.zeros((0, block, rows, w), dtype)
-            )
+            full = tiers.stack(a, [block, rows, w])
         results.append(tf.reshape(full, reshape_to([steps, rows, w])))
     return out[1], results
 

@@ -304,6 +304,13 @@ def _permute_rows(x, order, inverse):
     return permute(x)
 
 
-def stacked(array, steps, rows, units, dtype):
-    """`array.stack()`, or `(0, rows, units)` zeros for an empty array."""
-    return tf.cond(steps > 0, array.stack, lambda: tf.zeros((0, rows, units), dtype))
+def stack(array, element_shape):
+    """`array.stack()` of a graph's `tf.TensorArray` whose elements have
+    `element_shape` (Python ints and scalar tensors): one op, where an
+    empty array of elements not fully known to the trace would not stack
+    (and a `tf.cond` around it is more ops to trace and optimise)."""
+    return tf.raw_ops.TensorListStack(
+        input_handle=array.flow,
+        element_shape=tf.stack(element_shape),
+        element_dtype=array.dtype,
+    )
