@@ -11,10 +11,10 @@ Run from the project root: each run writes `docs/results/cpu-<name>.json`
 `python -m maskedrnn.bench.docs_tables` rewrites the pages' tables from the
 JSON. Each run is its own process (the Keras backend and the thread pools
 are fixed at start). Takes about 55 minutes on a 2-core machine, plus the
-first calls (`--first-call-repeats 3` by default: a minute or two more per
-run). `BENCH_ARGS`, if set, is added to every run's options
-(`maskedrnn.bench.runs` passes each round's `--order-seed` this way);
-`PYTHON` names the interpreter (default: this one).
+first calls (`--first-call-repeats 3` by default, 7 on TensorFlow and
+JAX: a minute or two more per run). `BENCH_ARGS`, if set, is added to every
+run's options (`maskedrnn.bench.runs` passes each round's `--order-seed`
+this way); `PYTHON` names the interpreter (default: this one).
 """
 
 import os
@@ -69,10 +69,10 @@ def runs():
         for c in ("lstm", "gru"):
             options = f"--layer rnn {BIG} --padding pre --cell {c}"
             found[f"{b}-rnn-{c}-b64-t200-u128"] = (b, options)
-    # A JAX first call is mostly XLA compiling, whose time spreads most on a
-    # shared machine: the median of 7 calls, not 3.
+    # A first call on JAX (XLA compiling) or TensorFlow (tracing, optimising
+    # the graph) spreads most on a shared machine: the median of 7, not 3.
     for name, (backend, options) in found.items():
-        if backend == "jax":
+        if backend in ("jax", "tensorflow"):
             found[name] = (backend, f"{options} --first-call-repeats 7")
     return found
 
