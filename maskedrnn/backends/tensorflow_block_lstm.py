@@ -8,6 +8,8 @@ it cannot run: other activations, float64, XLA, `portable()` and Keras'
 exporter.
 """
 
+import threading
+
 import keras
 import tensorflow as tf
 from keras import ops
@@ -362,6 +364,8 @@ def _backward_graph(
 # TensorFlow's function attribute (not one `tf.function` accepts) that stops
 # its graph optimiser from copying a called function per call.
 _NO_SPECIALIZE = "_nospecialize"
+# Replicas of a tf.distribute strategy trace in threads of their own.
+_REGISTERING = threading.Lock()
 
 
 def unspecialized(concrete):
@@ -379,15 +383,16 @@ def unspecialized(concrete):
 
     Re-registers the function's definition with the attribute in the eager
     context, where every graph that calls it reads it from; once per traced
-    graph, before any call.
+    graph, before any call, one thread at a time.
     """
     context = tf_context.context()
-    definition = context.get_function_def(concrete.name)
-    if definition.attr[_NO_SPECIALIZE].b:
-        return
-    definition.attr[_NO_SPECIALIZE].b = True
-    context.remove_function(concrete.name)
-    context.add_function_def(definition)
+    with _REGISTERING:
+        definition = context.get_function_def(concrete.name)
+        if definition.attr[_NO_SPECIALIZE].b:
+            return
+        definition.attr[_NO_SPECIALIZE].b = True
+        context.remove_function(concrete.name)
+        context.add_function_def(definition)
 
 
 def run(inner, x, initial_state, steps, want_states):
