@@ -191,10 +191,7 @@ def _scan(step, h0, seqs, widths, block, blocks, backward=False):
     )
     results = []
     for a, w in zip(out[2:], widths):
-        if known_rows is not None:
-            full = a.stack()
-        else:
-            full = tiers.stack(a, [block, rows, w])
+        full = tiers.stack(a, [block, rows, w])
         results.append(tf.reshape(full, reshape_to([steps, rows, w])))
     return out[1], results
 
@@ -341,7 +338,7 @@ def _shared_graph(function):
 # and tf.function, and each call inlines a copy of that trace, optimised
 # with the graph around it; run once, its ops are traced in place. Eagerly
 # they run as graphs, not as a Python loop of ops. They are written with
-# tf.while_loop and tf.cond, so autograph is off.
+# tf.while_loop, so autograph is off.
 _GRU_FORWARD = _shared_graph(_gru_forward)
 _GRU_BACKWARD = _shared_graph(_gru_backward)
 _RNN_FORWARD = _shared_graph(_rnn_forward)
