@@ -74,6 +74,40 @@ def _a_permutation_with_unread_rows():
     return index, back, valid, live
 
 
+@pytest.mark.parametrize("groups", [1, 4])
+def test_sorted_rows_sort_and_unsort_rows_and_their_gradients(groups):
+    # 7 rows in groups of 2: one padding row (groups=4); the spans tie.
+    spans = np.array([2, 5, 0, 5, 1, 3, 2], "int32")
+    rows = SortedRows(jnp.asarray(spans), groups)
+    order = np.argsort(-spans, kind="stable")
+    rng = np.random.default_rng(3)
+    value = rng.standard_normal((7, 3)).astype("float32")
+    weights = rng.standard_normal((7, 3)).astype("float32")
+    sorted_value = np.concatenate([value[order], np.zeros((rows.pad, 3), "float32")])
+
+    def sort_loss(v):
+        return jnp.sum(rows.sort(v) * weights)
+
+    def unsort_loss(v):
+        return jnp.sum(rows.unsort(v) * weights)
+
+    np.testing.assert_array_equal(rows.sort(jnp.asarray(value)), value[order])
+    np.testing.assert_array_equal(rows.unsort(jnp.asarray(sorted_value)), value)
+    # The gradients: numpy's scatter of the weights through the permutation
+    # (the padding row's zero), each computed by a gather, not a scatter.
+    d_sort = np.zeros_like(value)
+    d_sort[order] = weights
+    d_unsort = np.zeros_like(sorted_value)
+    d_unsort[:7] = weights[order]
+    np.testing.assert_array_equal(jax.grad(sort_loss)(jnp.asarray(value)), d_sort)
+    np.testing.assert_array_equal(
+        jax.grad(unsort_loss)(jnp.asarray(sorted_value)), d_unsort
+    )
+    for loss, v in ((sort_loss, value), (unsort_loss, sorted_value)):
+        text = str(jax.make_jaxpr(jax.grad(loss))(jnp.asarray(v)))
+        assert "scatter" not in text and "gather" in text
+
+
 def test_move_rows_reads_as_take_rows():
     index, back, valid, _ = _a_permutation_with_unread_rows()
     flat = np.random.default_rng(1).standard_normal((6, 2, 3)).astype("float32")

@@ -141,6 +141,23 @@ class SortedRows:
         self.sorted_spans = self._padded(lax.neg(keyed[0]))
         self.carried = [self._padded(v) for v in keyed[2:]]
 
+    def sort(self, value):
+        """The sorted rows of `value`, a `(batch, ...)` array in the
+        caller's rows: `value[order]` (`move_rows`, its gradient a gather
+        through `inverse`)."""
+        back = lax.expand_dims(self.inverse, (1,))
+        valid = lax.full(self.inverse.shape, True)
+        return move_rows(value, self.order, back, valid)
+
+    def unsort(self, value):
+        """The caller's rows of `value`, a `(batch + pad, ...)` array in
+        sorted rows: `value[inverse]` (`move_rows`, its gradient a gather
+        through `order`, the padding rows' zero)."""
+        rows = self.order.shape[0] + self.pad
+        back = lax.expand_dims(self._padded(self.order), (1,))
+        valid = lax.lt(lax.iota(jnp.int32, rows), np.int32(self.order.shape[0]))
+        return move_rows(value, self.inverse, back, valid)
+
     def _padded(self, value):
         """A `(batch,)` int32 value with `pad` zeros after it."""
         return lax.pad(value, np.int32(0), [(0, self.pad, 0)])

@@ -375,35 +375,33 @@ class _Setup:
         else:
             x_dt = move_rows(flat, index, *readers)
         spec = (self.units, self.count, self.dtype)
-        states = _sorted_states(self.states, rows.order, rows.pad, spec)
+        states = _sorted_states(self.states, rows, spec)
         kind = _kind(self.inners[0])
         params = _stacked_weights(self.inners, self.dtype)
         ys, finals = _tiers(
             kind, rows.groups, x_dt, rows.sorted_spans, keep, states, params
         )
-        finals = [
-            [take_rows(s[e], rows.inverse) for s in finals]
-            for e in range(self.directions)
-        ]
+        finals = [[rows.unsort(s[e]) for s in finals] for e in range(self.directions)]
         return ys, finals
 
 
-def _sorted_states(states, order, pad, spec):
+def _sorted_states(states, rows, spec):
     """The initial states as the kernel reads them: one `(directions,
-    batch + pad, units)` array per state, rows in `order`. All zeros are
-    made in place, with no gather to compile."""
+    batch + pad, units)` array per state, in the `SortedRows` `rows`. All
+    zeros are made in place, with no gather to compile."""
     units, count, dtype = spec
-    rows = order.shape[0] + pad
+    batch = rows.order.shape[0]
     if all(s is None for s in states):
         return tuple(
-            jnp.zeros((len(states), rows, units), dtype) for _ in range(count)
+            jnp.zeros((len(states), batch + rows.pad, units), dtype)
+            for _ in range(count)
         )
-    zeros = [jnp.zeros((order.shape[0], units), dtype)] * count
+    zeros = [jnp.zeros((batch, units), dtype)] * count
     states = [s if s is not None else zeros for s in states]
     return tuple(
         jnp.pad(
-            jnp.stack([take_rows(s[k], order) for s in states]),
-            ((0, 0), (0, pad), (0, 0)),
+            jnp.stack([rows.sort(s[k]) for s in states]),
+            ((0, 0), (0, rows.pad), (0, 0)),
         )
         for k in range(count)
     )
