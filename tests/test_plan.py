@@ -262,7 +262,6 @@ def test_every_backend_module_answers_the_same_questions():
         "run_direction",
         "is_concrete",
         "invert_permutation",
-        "take_rows",
         "gather_time",
         "gather_or_zero",
         "has_fused_rnn_kernel",

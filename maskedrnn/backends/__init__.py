@@ -20,8 +20,8 @@ backend's module (`current()`) instead of testing the backend's name:
   kernels that read the caller's order and place their outputs themselves
   (JAX's tiers; `()` elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
-  `take_rows`, `gather_time`, `has_fused_rnn_kernel`: backend pieces of the
-  ops and checks.
+  `gather_time`, `has_fused_rnn_kernel`: backend pieces of the ops and
+  checks.
 
 A call computes one `Plan` (`plan()`): the kernel of each direction (one of
 `KERNELS`) and the strategy of the call (one of `STRATEGIES`); docs/design.md

@@ -50,11 +50,6 @@ def invert_permutation(perm):
     return tf.math.top_k(-perm, k=size(perm, 1)).indices
 
 
-def take_rows(flat, index):
-    """`flat[index]`, shape `index.shape + flat.shape[1:]`."""
-    return tf.gather(flat, index)
-
-
 def gather_time(x, index):
     """`x[b, index[b, t], ...]` for int32 `index` in range: one `GatherV2`
     with `batch_dims=1` (the flat view's reshape, offsets and
