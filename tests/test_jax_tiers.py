@@ -494,7 +494,9 @@ def test_gradient_moves_rows_by_gathers():
     initial = [rng.standard_normal((len(LENGTHS), U)).astype("float32")] * 2
 
     def loss(x, initial):
-        y, [(h, c)] = jax_tiers.run_in_place([layer], x, valid, [initial], "zeros", 4)
+        y, [(h, c)] = jax_tiers.run_in_place(
+            [layer], x, valid, [initial], "zeros", groups=4
+        )
         return jnp.sum(y) + jnp.sum(h * h) + jnp.sum(c)
 
     text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, initial))

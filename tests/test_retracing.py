@@ -53,12 +53,12 @@ def build(kind, layer):
     if layer == "rnn":
         gru = keras.layers.GRU(UNITS, return_sequences=True, use_cudnn=False)
         h = maskedrnn.MaskedRNN(gru)(h) if kind == "ours" else gru(h)
-    elif kind == "ours":
-        lstm = keras.layers.LSTM(UNITS, return_sequences=True, use_cudnn=False)
-        h = maskedrnn.MaskedBidirectional(lstm)(h)
     else:
         lstm = keras.layers.LSTM(UNITS, return_sequences=True, use_cudnn=False)
-        h = keras.layers.Bidirectional(lstm)(h)
+        if kind == "ours":
+            h = maskedrnn.MaskedBidirectional(lstm)(h)
+        else:
+            h = keras.layers.Bidirectional(lstm)(h)
     out = keras.layers.Dense(CLASSES, activation="softmax")(h)
     model = Counting(ids, out)
     # The same weights whatever order the layers drew their initial ones in

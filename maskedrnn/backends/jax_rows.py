@@ -152,7 +152,7 @@ class SortedRows:
     def unsort(self, value):
         """The caller's rows of `value`, a `(batch + pad, ...)` array in
         sorted rows: `value[inverse]` (`move_rows`, its gradient a gather
-        through `order`, the padding rows' zero)."""
+        through `order`, zero for the padding rows)."""
         rows = self.order.shape[0] + self.pad
         back = lax.expand_dims(self._padded(self.order), (1,))
         valid = lax.lt(lax.iota(jnp.int32, rows), np.int32(self.order.shape[0]))
