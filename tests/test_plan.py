@@ -452,3 +452,47 @@ def test_record_collects_the_plan_each_call_ran(kernel):
     assert outer[0].info() == layer.kernel_info()
     if kernel != "default":
         assert all(d.kernel == kernel for plan in outer for d in plan.directions)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_input_dropout_keeps_one_directions_strategy(kind):
+    """While training with input dropout, one direction keeps the strategy
+    it has without (its inputs dropped before the kernel reads them); two
+    directions run valid-first where they would share one kernel call or
+    one read of the caller's order, each on its own dropped inputs. The
+    outputs equal Keras' own layers' under the same frozen dropout masks."""
+    make = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
+    fixed = (np.random.default_rng(2).random((B, D)) > 0.5).astype("float32") * 2
+    x, mask = _inputs()
+    for layer in (
+        MaskedRNN(make(U, return_sequences=True, dropout=0.5)),
+        MaskedBidirectional(make(U, return_sequences=True, dropout=0.5)),
+    ):
+        with backends.record() as plans:
+            layer(x, mask=mask, training=False)
+            layer(x, mask=mask, training=True)
+        inference, training = (p.strategy for p in plans)
+        shared = inference in ("one_call", "caller_order")
+        if isinstance(layer, MaskedRNN) or not shared:
+            assert training == inference
+        else:
+            assert training == "valid_first"
+        # Keras' own layer (its masked loop) with the same frozen masks.
+        keras_layer = make(U, return_sequences=True, dropout=0.5, use_cudnn=False)
+        if isinstance(layer, MaskedBidirectional):
+            keras_layer = keras.layers.Bidirectional(keras_layer)
+        keras_layer.build(x.shape)
+        keras_layer.set_weights(layer.get_weights())
+        frozen = keras.ops.convert_to_tensor(fixed)
+        for inner in _inners(layer) + _keras_inners(keras_layer):
+            inner.cell.get_dropout_mask = lambda step_input: frozen
+        assert_close(
+            layer(x, mask=mask, training=True),
+            keras_layer(x, mask=mask, training=True),
+        )
+
+
+def _keras_inners(layer):
+    if isinstance(layer, keras.layers.Bidirectional):
+        return [layer.forward_layer, layer.backward_layer]
+    return [layer]

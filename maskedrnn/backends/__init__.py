@@ -372,9 +372,11 @@ def plan(inners, where, want_states, masked=True, training=None):
         masked: Bool, whether the call has a mask or lengths (else every
             step is valid and the strategy is `"one_call"` or `"valid_first"`).
             Defaults to `True`.
-        training: The call's `training` (input dropout while training runs
-            PyTorch's kernels, and the one-call kernels one direction per call,
-            on valid-first data, where it is applied).
+        training: The call's `training`. With input dropout while training,
+            two directions run one at a time on valid-first data, each on
+            its own dropped inputs (one kernel call, or one read of the
+            caller's order, would give both one input); one direction keeps
+            its kernel's strategy, its inputs dropped first.
 
     Returns:
         A `Plan`.
@@ -401,7 +403,11 @@ def plan(inners, where, want_states, masked=True, training=None):
         )
     directions = tuple(directions)
     strategy = "valid_first"
-    dropout = training and any(getattr(d.inner.cell, "dropout", 0) for d in directions)
+    dropout = (
+        training
+        and len(directions) > 1
+        and any(getattr(d.inner.cell, "dropout", 0) for d in directions)
+    )
     if all(d.one_call for d in directions) and not dropout:
         strategy = "one_call"
     elif masked:

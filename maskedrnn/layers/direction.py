@@ -73,16 +73,13 @@ def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=
     `(outputs, states)`: outputs exact at each row's valid steps (the padded
     tail is never read), the states after each row's last valid step (`[]`
     unless `want_states`)."""
-    cell = inner.cell
     if kernel != "torch-packed":
         # Every kernel but the packed one reads the padded steps.
         x = zero_padding(x, steps)
-    if kernel != "keras-masked" and training and cell.dropout:
-        # One dropout mask for all steps, as Keras' cells use, applied here
-        # so that the state recomputation sees the same dropped x.
-        dp_mask = cell.get_dropout_mask(x[:, 0, :])
-        cell.reset_dropout_mask()
-        x = x * ops.expand_dims(dp_mask, 1)
+    if kernel != "keras-masked" and training and inner.cell.dropout:
+        # Applied here, so that the state recomputation sees the same
+        # dropped x; Keras' layers (the unmasked kernel) must not drop again.
+        x = input_dropout(inner, x)
         training = False
     if initial_state is None:
         batch = ops.shape(x)[0]
@@ -98,6 +95,17 @@ def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=
     if states is None:
         states = final_state.states_at_length(inner, x, y, initial_state, steps)
     return y, states
+
+
+def input_dropout(inner, x):
+    """`x` times the input dropout mask of `inner`'s cell: one mask per row
+    for every step, drawn as Keras' cells draw it (once per call). A row's
+    mask does not depend on the order of its steps, so `x` may be in the
+    caller's order or valid-first."""
+    cell = inner.cell
+    dp_mask = cell.get_dropout_mask(x[:, 0, :])
+    cell.reset_dropout_mask()
+    return x * ops.expand_dims(dp_mask, 1)
 
 
 def in_place(y, steps):
@@ -225,6 +233,12 @@ def run_plan(
     directions = plan.directions
     backward = [d.key == "backward" for d in directions]
     strategy = plan.strategy
+    one = directions[0].inner
+    dropout = training and getattr(one.cell, "dropout", 0)
+    if strategy in ("caller_order", "one_call") and dropout:
+        # One direction (the plan keeps two with input dropout valid-first,
+        # each on its own dropped x): the kernel reads this x as it is.
+        x = input_dropout(one, x)
     if strategy == "caller_order":
         backend = backends.current()
         layout = backend.layout(steps)
