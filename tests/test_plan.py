@@ -27,6 +27,7 @@ from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from tests.helpers import (
     BACKEND,
     assert_close,
+    loss_and_grads,
     oracle_pair,
     record_calls,
     spy_masks,
@@ -455,14 +456,18 @@ def test_record_collects_the_plan_each_call_ran(kernel):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_input_dropout_keeps_one_directions_strategy(kind):
+def test_input_dropout_keeps_the_strategy_where_it_can(kind):
     """While training with input dropout, one direction keeps the strategy
-    it has without (its inputs dropped before the kernel reads them); two
-    directions run valid-first where they would share one kernel call or
-    one read of the caller's order, each on its own dropped inputs. The
-    outputs equal Keras' own layers' under the same frozen dropout masks."""
+    it has without (its inputs dropped before the kernel reads them), and
+    so do two directions on a kernel of `IN_PLACE_KERNELS` (handed each
+    direction's mask); other kernels that two directions would share (one
+    call, or one read of the caller's order) run valid-first instead, each
+    direction on its own dropped inputs. The outputs, and the gradients
+    w.r.t. the inputs and every weight, equal Keras' own layers' under the
+    same frozen dropout masks, another for each direction."""
     make = keras.layers.LSTM if kind == "lstm" else keras.layers.GRU
-    fixed = (np.random.default_rng(2).random((B, D)) > 0.5).astype("float32") * 2
+    rng = np.random.default_rng(2)
+    fixed = [(rng.random((B, D)) > 0.5).astype("float32") * 2 for _ in range(2)]
     x, mask = _inputs()
     for layer in (
         MaskedRNN(make(U, return_sequences=True, dropout=0.5)),
@@ -473,7 +478,8 @@ def test_input_dropout_keeps_one_directions_strategy(kind):
             layer(x, mask=mask, training=True)
         inference, training = (p.strategy for p in plans)
         shared = inference in ("one_call", "caller_order")
-        if isinstance(layer, MaskedRNN) or not shared:
+        placed = plans[0].kernel(0) in backends.current().IN_PLACE_KERNELS
+        if isinstance(layer, MaskedRNN) or placed or not shared:
             assert training == inference
         else:
             assert training == "valid_first"
@@ -483,13 +489,21 @@ def test_input_dropout_keeps_one_directions_strategy(kind):
             keras_layer = keras.layers.Bidirectional(keras_layer)
         keras_layer.build(x.shape)
         keras_layer.set_weights(layer.get_weights())
-        frozen = keras.ops.convert_to_tensor(fixed)
-        for inner in _inners(layer) + _keras_inners(keras_layer):
-            inner.cell.get_dropout_mask = lambda step_input: frozen
+        pairs = zip(_inners(layer), _keras_inners(keras_layer), fixed)
+        for ours_inner, keras_inner, frozen in pairs:
+            frozen = keras.ops.convert_to_tensor(frozen)
+            for inner in (ours_inner, keras_inner):
+                inner.cell.get_dropout_mask = lambda step_input, m=frozen: m
         assert_close(
             layer(x, mask=mask, training=True),
             keras_layer(x, mask=mask, training=True),
         )
+        ours_loss, ours_grads = loss_and_grads(layer, x, mask=mask, training=True)
+        keras_loss, keras_grads = loss_and_grads(
+            keras_layer, x, mask=mask, training=True
+        )
+        np.testing.assert_allclose(ours_loss, keras_loss, rtol=1e-5)
+        assert_close(ours_grads, keras_grads)
 
 
 def _keras_inners(layer):

@@ -16,9 +16,11 @@ backend's module (`current()`) instead of testing the backend's name:
 - `ONE_CALL_KERNELS`, `run_one_call(kernel, inners, x, steps, initial_states, training,
   want_states)`, `one_call_reason(inners)`: every direction of a call in one
   kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
-- `IN_PLACE_KERNELS`, `run_one_call_in_place(..., place)`: the one-call
-  kernels that read the caller's order and place their outputs themselves
-  (JAX's tiers; `()` elsewhere);
+- `IN_PLACE_KERNELS`, `run_one_call_in_place(kernel, inners, x, steps,
+  initial_states, dropout_masks, want_states, place)`: the one-call kernels
+  that read the caller's order, each direction's inputs times its own input
+  dropout mask, and place their outputs themselves (JAX's tiers; `()`
+  elsewhere);
 - `is_concrete`, `host_readable`, `scalar`, `invert_permutation`,
   `gather_time`, `has_fused_rnn_kernel`: backend pieces of the ops and
   checks.
@@ -375,8 +377,10 @@ def plan(inners, where, want_states, masked=True, training=None):
         training: The call's `training`. With input dropout while training,
             two directions run one at a time on valid-first data, each on
             its own dropped inputs (one kernel call, or one read of the
-            caller's order, would give both one input); one direction keeps
-            its kernel's strategy, its inputs dropped first.
+            caller's order, would give both one input), unless their kernel
+            is one of `IN_PLACE_KERNELS`, which take each direction's
+            dropout mask; one direction keeps its kernel's strategy, its
+            inputs dropped first.
 
     Returns:
         A `Plan`.
@@ -408,7 +412,8 @@ def plan(inners, where, want_states, masked=True, training=None):
         and len(directions) > 1
         and any(getattr(d.inner.cell, "dropout", 0) for d in directions)
     )
-    if all(d.one_call for d in directions) and not dropout:
+    in_place = all(d.kernel in backend.IN_PLACE_KERNELS for d in directions)
+    if all(d.one_call for d in directions) and (in_place or not dropout):
         strategy = "one_call"
     elif masked:
         if all(d.caller_order for d in directions) and not dropout:

@@ -244,15 +244,19 @@ def run_one_call(kernel, inners, x, steps, initial_states, training, want_states
 
 
 def run_one_call_in_place(
-    kernel, inners, x, steps, initial_states, training, want_states, place
+    kernel, inners, x, steps, initial_states, dropout_masks, want_states, place
 ):
     """Every direction of a call in one `"jax-tiers"` call over `x` in the
-    caller's order, the outputs placed as `place` says (`run_plan`'s
-    `place`); `(outputs, states)`, the directions side by side."""
+    caller's order, each direction's inputs times its `(batch, features)`
+    input dropout mask (None: no dropout), the outputs placed as `place`
+    says (`run_plan`'s `place`); `(outputs, states)`, the directions side by
+    side."""
     if kernel != TIERS:
         raise NotImplementedError(f"{kernel!r} reads valid-first data only")
     mask = steps.mask if steps.masked else None
-    y, states = jax_tiers.run_in_place(inners, x, mask, initial_states, place)
+    y, states = jax_tiers.run_in_place(
+        inners, x, mask, initial_states, place, dropout_masks=dropout_masks
+    )
     return y, [list(s) if want_states else [] for s in states]
 
 

@@ -224,7 +224,9 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
     return rows.gather(ys, back), finals
 
 
-def run_in_place(inners, x, mask, initial_states, place, groups=None):
+def run_in_place(
+    inners, x, mask, initial_states, place, groups=None, dropout_masks=None
+):
     """Every direction of a call in one tiered recurrence, steps in the
     caller's order: no step is moved, only rows are sorted.
 
@@ -247,6 +249,9 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
             after the last step each direction reads; zeros for a row with
             no valid step.
         groups: Static number of row groups (`default_groups()` if None).
+        dropout_masks: None, or one entry per direction: a `(batch,
+            features)` input dropout mask its inputs are multiplied by at
+            every step, or None for none.
 
     Returns:
         `(outputs, states)`: the outputs `(batch, time, units * directions)`
@@ -263,6 +268,8 @@ def run_in_place(inners, x, mask, initial_states, place, groups=None):
         mask = jnp.ones((batch, time), bool)
     mask = jnp.asarray(mask).astype(bool)
     setup.x = _select(lax.expand_dims(mask, (2,)), setup.x, lax.full_like(setup.x, 0))
+    if dropout_masks is not None and any(m is not None for m in dropout_masks):
+        setup.drop(dropout_masks)
     # Index arithmetic in `lax` (see `jax_rows`); `bt` is (batch, time).
     bt = (batch, time)
     tb = lax.broadcasted_iota(jnp.int32, bt, 1)
@@ -362,14 +369,41 @@ class _Setup:
         zeros = [jnp.zeros((self.batch, self.units), self.dtype)] * self.count
         return [s if s is not None else zeros for s in self.states]
 
+    def drop(self, masks):
+        """Each direction's own inputs, `x` times its `(batch, features)`
+        input dropout mask (None: `x` as it is); for two directions `x`
+        becomes `(directions, batch, time, features)`, which `run` reads
+        direction by direction."""
+        dropped = []
+        for m in masks:
+            if m is not None:
+                m = lax.expand_dims(jnp.asarray(m).astype(self.dtype), (1,))
+            dropped.append(self.x if m is None else lax.mul(self.x, m))
+        if self.directions == 1:
+            self.x = dropped[0]
+        else:
+            self.x = per_direction(self.directions, 0, *dropped)
+
     def run(self, rows, read, keep, readers=None):
         """Runs the kernel on the sorted rows, reading step `read[e, i, p]`
-        of sorted row `p` at position `i`; `(ys, finals)`, the final states
-        in the caller's row order. `readers`: `(slots, valid)` of
-        `move_rows`, each step's slots in the kernel's input (its gradient a
-        gather), or None."""
-        flat = jnp.reshape(self.x, (self.batch * self.time,) + self.x.shape[2:])
+        of sorted row `p` at position `i` (of direction `e`'s own inputs
+        after `drop`); `(ys, finals)`, the final states in the caller's row
+        order. `readers`: `(slots, valid)` of `move_rows`, each step's slots
+        in the kernel's input (its gradient a gather), or None."""
+        flat = jnp.reshape(self.x, (-1, self.x.shape[-1]))
         index = lax.add(read, rows.offsets(self.time))
+        if self.x.ndim == 4:
+            # Direction e reads its own inputs, e * batch * time rows on.
+            e = lax.broadcasted_iota(jnp.int32, index.shape, 0)
+            index = lax.add(index, lax.mul(e, np.int32(self.batch * self.time)))
+            if readers is not None:
+                # Each of those rows is read by its own direction's slot.
+                slots, valid = readers
+                shape = (self.directions,) + valid.shape
+                readers = (
+                    jnp.reshape(lax.transpose(slots, (1, 0)), (-1, 1)),
+                    jnp.reshape(lax.broadcast_in_dim(valid, shape, (1,)), (-1,)),
+                )
         if readers is None:
             x_dt = take_rows(flat, index)
         else:

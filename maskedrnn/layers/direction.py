@@ -97,15 +97,20 @@ def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=
     return y, states
 
 
-def input_dropout(inner, x):
-    """`x` times the input dropout mask of `inner`'s cell: one mask per row
-    for every step, drawn as Keras' cells draw it (once per call). A row's
-    mask does not depend on the order of its steps, so `x` may be in the
-    caller's order or valid-first."""
+def input_dropout_mask(inner, x):
+    """The input dropout mask of `inner`'s cell for `x`, `(batch,
+    features)`: one per row for every step, drawn as Keras' cells draw it
+    (once per call). A row's mask does not depend on the order of its
+    steps, so `x` may be in the caller's order or valid-first."""
     cell = inner.cell
     dp_mask = cell.get_dropout_mask(x[:, 0, :])
     cell.reset_dropout_mask()
-    return x * ops.expand_dims(dp_mask, 1)
+    return dp_mask
+
+
+def input_dropout(inner, x):
+    """`x` times `inner`'s input dropout mask (`input_dropout_mask`)."""
+    return x * ops.expand_dims(input_dropout_mask(inner, x), 1)
 
 
 def in_place(y, steps):
@@ -233,14 +238,17 @@ def run_plan(
     directions = plan.directions
     backward = [d.key == "backward" for d in directions]
     strategy = plan.strategy
-    one = directions[0].inner
-    dropout = training and getattr(one.cell, "dropout", 0)
-    if strategy in ("caller_order", "one_call") and dropout:
-        # One direction (the plan keeps two with input dropout valid-first,
-        # each on its own dropped x): the kernel reads this x as it is.
-        x = input_dropout(one, x)
+    backend = backends.current()
+    dropped = [
+        bool(training and getattr(d.inner.cell, "dropout", 0)) for d in directions
+    ]
+    placed = strategy == "one_call" and plan.kernel(0) in backend.IN_PLACE_KERNELS
+    if strategy in ("caller_order", "one_call") and any(dropped) and not placed:
+        # One direction (the plan runs two valid-first under input dropout,
+        # unless their kernel reads each one's own dropped inputs): the
+        # kernel reads this x as it is.
+        x = input_dropout(directions[0].inner, x)
     if strategy == "caller_order":
-        backend = backends.current()
         layout = backend.layout(steps)
         results = [
             backend.run_direction(
@@ -254,14 +262,17 @@ def run_plan(
             for d, state, back in zip(directions, initial_states, backward)
         ]
     elif strategy == "one_call":
-        backend = backends.current()
         kernel = plan.kernel(0)
         inners = [d.inner for d in directions]
-        placed = kernel in backend.IN_PLACE_KERNELS
         if placed:
-            # The kernel reads the caller's order and places its outputs.
+            # The kernel reads the caller's order, each direction's inputs
+            # times its own dropout mask, and places its outputs.
+            masks = [
+                input_dropout_mask(d.inner, x) if drop else None
+                for d, drop in zip(directions, dropped)
+            ]
             y, states = backend.run_one_call_in_place(
-                kernel, inners, x, steps, initial_states, training, want_states, place
+                kernel, inners, x, steps, initial_states, masks, want_states, place
             )
             if joined:
                 return y, states
