@@ -510,3 +510,25 @@ def _keras_inners(layer):
     if isinstance(layer, keras.layers.Bidirectional):
         return [layer.forward_layer, layer.backward_layer]
     return [layer]
+
+
+def test_a_plan_made_without_dropout_refuses_two_dropped_directions():
+    """Two directions sharing one kernel call (or one read of the caller's
+    order) cannot share one input under dropout: run with `training=True`,
+    a plan made for `training=False` raises instead of dropping both
+    directions' inputs by one mask."""
+    from maskedrnn.layers import direction
+    from maskedrnn.steps import Steps
+
+    lstm = keras.layers.LSTM(U, return_sequences=True, dropout=0.5)
+    layer = MaskedBidirectional(lstm)
+    x, mask = _inputs()
+    layer(x, mask=mask)
+    x = keras.ops.convert_to_tensor(x)
+    steps = Steps.from_call(x, keras.ops.convert_to_tensor(mask), None)
+    plan = layer._plan(x, steps.masked, training=False)
+    shared = plan.strategy in ("one_call", "caller_order")
+    if not shared or plan.kernel(0) in backends.current().IN_PLACE_KERNELS:
+        pytest.skip(f"{plan.strategy!r} with {plan.kernel(0)!r} shares no input")
+    with pytest.raises(ValueError, match="make the plan with the call's `training`"):
+        direction.run_plan(plan, x, steps, [None, None], True, False, "zeros")

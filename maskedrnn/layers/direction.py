@@ -244,9 +244,13 @@ def run_plan(
     ]
     placed = strategy == "one_call" and plan.kernel(0) in backend.IN_PLACE_KERNELS
     if strategy in ("caller_order", "one_call") and any(dropped) and not placed:
-        # One direction (the plan runs two valid-first under input dropout,
-        # unless their kernel reads each one's own dropped inputs): the
-        # kernel reads this x as it is.
+        # One direction: the plan runs two valid-first under input dropout,
+        # unless their kernel reads each one's own dropped inputs.
+        if len(directions) > 1:
+            raise ValueError(
+                f"plan has strategy {strategy!r} for two directions with "
+                "input dropout; make the plan with the call's `training`."
+            )
         x = input_dropout(directions[0].inner, x)
     if strategy == "caller_order":
         layout = backend.layout(steps)
