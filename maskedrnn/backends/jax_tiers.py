@@ -10,9 +10,10 @@ cells' equations are in `jax_cells`.
 A call's directions run from the caller's order (`run_in_place`): each row
 from its first valid step to its last (a backward direction from its last
 to its first), a masked step between them keeping the state as in Keras'
-masked loop, so no step is moved and the mask needs no ranking. One
-direction on valid-first data (`run`, where the layer applies input dropout
-first) runs the same recurrence.
+masked loop, so no step is moved and the mask needs no ranking; under
+input dropout each direction reads its own dropped inputs. One direction
+on valid-first data (`run`, where a call's directions run different
+kernels) runs the same recurrence.
 
 The groups' recurrence and its gradient are in `jax_groups`.
 """
