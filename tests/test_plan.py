@@ -47,9 +47,13 @@ def _inputs():
 
 
 def _inners(layer):
+    """The inner RNNs of ours or of Keras' `Bidirectional`; a Keras RNN
+    itself."""
     if isinstance(layer, MaskedRNN):
         return [layer.layer]
-    return [layer.forward_layer, layer.backward_layer]
+    if isinstance(layer, (MaskedBidirectional, keras.layers.Bidirectional)):
+        return [layer.forward_layer, layer.backward_layer]
+    return [layer]
 
 
 def _spy_native(monkeypatch):
@@ -489,7 +493,7 @@ def test_input_dropout_keeps_the_strategy_where_it_can(kind):
             keras_layer = keras.layers.Bidirectional(keras_layer)
         keras_layer.build(x.shape)
         keras_layer.set_weights(layer.get_weights())
-        pairs = zip(_inners(layer), _keras_inners(keras_layer), fixed)
+        pairs = zip(_inners(layer), _inners(keras_layer), fixed)
         for ours_inner, keras_inner, frozen in pairs:
             frozen = keras.ops.convert_to_tensor(frozen)
             for inner in (ours_inner, keras_inner):
@@ -505,11 +509,6 @@ def test_input_dropout_keeps_the_strategy_where_it_can(kind):
         np.testing.assert_allclose(ours_loss, keras_loss, rtol=1e-5)
         assert_close(ours_grads, keras_grads)
 
-
-def _keras_inners(layer):
-    if isinstance(layer, keras.layers.Bidirectional):
-        return [layer.forward_layer, layer.backward_layer]
-    return [layer]
 
 
 def test_a_plan_made_without_dropout_refuses_two_dropped_directions():
