@@ -483,7 +483,8 @@ def test_no_host_sync_and_static_shapes():
     assert y.shape == (len(LENGTHS), x.shape[1], U) and h.shape == (len(LENGTHS), U)
 
 
-def test_gradient_moves_rows_by_gathers():
+@pytest.mark.parametrize("place", ["zeros", "last"])
+def test_gradient_moves_rows_by_gathers(place):
     """Rows move into the tiers' order and back by gathers, and so do
     their gradients: the gradient w.r.t. the inputs and the initial states
     (through the outputs and the final states) holds no scatter, three more
@@ -495,7 +496,7 @@ def test_gradient_moves_rows_by_gathers():
 
     def loss(x, initial):
         y, [(h, c)] = jax_tiers.run_in_place(
-            [layer], x, valid, [initial], "zeros", groups=4
+            [layer], x, valid, [initial], place, groups=4
         )
         return jnp.sum(y) + jnp.sum(h * h) + jnp.sum(c)
 

@@ -154,9 +154,15 @@ class SortedRows:
         sorted rows: `value[inverse]` (`move_rows`, its gradient a gather
         through `order`, zero for the padding rows)."""
         rows = self.order.shape[0] + self.pad
-        back = lax.expand_dims(self._padded(self.order), (1,))
+        back = lax.expand_dims(self.caller_rows, (1,))
         valid = lax.lt(lax.iota(jnp.int32, rows), np.int32(self.order.shape[0]))
         return move_rows(value, self.inverse, back, valid)
+
+    @property
+    def caller_rows(self):
+        """`(batch + pad,)`: each sorted row's row in the caller's order, 0
+        for the padding rows."""
+        return self._padded(self.order)
 
     def _padded(self, value):
         """A `(batch,)` int32 value with `pad` zeros after it."""
@@ -165,7 +171,7 @@ class SortedRows:
     def offsets(self, time):
         """Each sorted row's first index in the `(batch * time,)` view,
         `(1, 1, batch + pad)`."""
-        offsets = lax.mul(self._padded(self.order), np.int32(time))
+        offsets = lax.mul(self.caller_rows, np.int32(time))
         return lax.expand_dims(offsets, (0, 1))
 
     def slots(self, positions, time):

@@ -293,7 +293,7 @@ def run_in_place(
     ys, finals = setup.run(rows, read, keep, (readers, flat_mask))
     has_steps = lax.gt(spans, np.int32(0))
     if place == "last":
-        y = jnp.concatenate([f[0] for f in finals], axis=-1)
+        y = _last_outputs(ys, rows, spans)
         return select(lax.expand_dims(has_steps, (1,)), y, lax.full_like(y, 0)), finals
     if place == "held":
         # A masked step after the last valid one shows that one's output.
@@ -311,6 +311,35 @@ def run_in_place(
         y = jnp.reshape(y, (batch, time, -1))
         shown = mask
     return select(lax.expand_dims(shown, (2,)), y, lax.full_like(y, 0)), finals
+
+
+def _last_outputs(ys, rows, spans):
+    """`(batch, directions * units)`: each direction's output after the
+    last step it reads, read from the kernel's outputs `ys` at its row's
+    span position `span - 1` (by `move_rows`, its gradient a gather into
+    the outputs' gradient), not from the final states: those are written
+    and their gradient read per row group, two kernels more to compile."""
+    directions, time, padded, units = ys.shape
+    batch = spans.shape[0]
+    last = lax.max(lax.sub(spans, np.int32(1)), np.int32(0))
+    positions = lax.broadcast_in_dim(last, (batch, 1, directions), (0,))
+    slots = rows.slots(positions, time)
+    # Each slot `(e, t, r)` of `ys` is read by output `(row of r, e)` when
+    # `t` is that row's last span position, by no output otherwise.
+    shape = (directions, time, padded)
+    e = lax.broadcasted_iota(jnp.int32, shape, 0)
+    t = lax.broadcasted_iota(jnp.int32, shape, 1)
+    spans_sorted = lax.broadcast_in_dim(rows.sorted_spans, shape, (2,))
+    row = lax.broadcast_in_dim(rows.caller_rows, shape, (2,))
+    reader = lax.add(lax.mul(row, np.int32(directions)), e)
+    read = lax.eq(t, lax.sub(spans_sorted, np.int32(1)))
+    y = move_rows(
+        jnp.reshape(ys, (-1, units)),
+        slots,
+        jnp.reshape(reader, (-1, 1)),
+        jnp.reshape(read, (-1,)),
+    )
+    return jnp.reshape(y, (batch, directions * units))
 
 
 def _where(condition, value, other):
