@@ -456,15 +456,37 @@ def test_gpu_plan(monkeypatch):
 
 
 def test_row_groups_on_a_cpu_and_one_elsewhere(monkeypatch):
-    """`GROUPS` row groups on a CPU; on a GPU (made true here) one group,
-    since a step's time there hardly depends on its rows; `kernel_info()`
-    says which."""
+    """On a CPU `GROUPS` row groups, fewer where a group would have under
+    `GROUP_ROWS` rows; on a GPU (made true here) one group, since a step's
+    time there hardly depends on its rows; `kernel_info()` says which."""
     layer = _layer("gru")
-    assert jax_tiers.default_groups() == jax_tiers.GROUPS > 1
-    assert f"in {jax_tiers.GROUPS} row group(s)" in jax_tiers.describe(layer)
+    assert (jax_tiers.GROUPS, jax_tiers.GROUP_ROWS) == (4, 8)
+    counts = {b: jax_tiers.default_groups(b) for b in (1, 7, 14, 16, 24, 32, 999)}
+    assert counts == {1: 1, 7: 1, 14: 1, 16: 2, 24: 3, 32: 4, 999: 4}
+    assert "up to 4 row groups of at least 8 rows" in jax_tiers.describe(layer)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert jax_tiers.default_groups() == 1
-    assert "in 1 row group(s)" in jax_tiers.describe(layer)
+    assert jax_tiers.default_groups(32) == 1
+    assert "in 1 row group that" in jax_tiers.describe(layer)
+
+
+@pytest.mark.parametrize("batch", [14, 32])
+def test_a_call_runs_the_default_groups_of_its_batch(monkeypatch, batch):
+    """Without `groups`, a call sorts its rows into `default_groups` of its
+    static batch size."""
+    made = []
+
+    class Recorded(jax_tiers.SortedRows):
+        def __init__(self, spans, groups, carry=()):
+            super().__init__(spans, groups, carry)
+            made.append(self.groups)
+
+    monkeypatch.setattr(jax_tiers, "SortedRows", Recorded)
+    layer = _layer("lstm")
+    x = np.zeros((batch, 5, D), "float32")
+    jax.make_jaxpr(
+        lambda x: jax_tiers.run_in_place([layer], x, None, [None], "last")
+    )(x)
+    assert made == [jax_tiers.default_groups(batch)]
 
 
 def test_no_host_sync_and_static_shapes():

@@ -37,6 +37,9 @@ KERNEL = "jax-tiers"
 # Row groups on a CPU: more skip more padded steps, but run more, smaller
 # steps one after another. The compiled program is the same for any number.
 GROUPS = 4
+# The fewest rows a group has: a step on fewer rows is too small to gain
+# from the steps it skips (and XLA's CPU kernels for it compile slower).
+GROUP_ROWS = 8
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 _TANH = (keras.activations.tanh, keras.ops.tanh, jnp.tanh)
@@ -73,7 +76,7 @@ def describe(inner):
     name = type(inner).__name__
     return (
         f"{name} in length tiers: rows sorted by the span from their first "
-        f"valid step to their last, in {default_groups()} row group(s) that "
+        f"valid step to their last, in {_groups_text()} that "
         "each run to their own longest span (padded steps outside it "
         "skipped, masked steps inside it keeping the state; no host sync), "
         "exact final states carried to each row's last valid step, its own "
@@ -82,15 +85,26 @@ def describe(inner):
     )
 
 
-def default_groups():
-    """`GROUPS` on a CPU; 1 elsewhere, where a step's time hardly depends on
-    its rows and more groups would only run more steps one after another."""
-    return GROUPS if jax.default_backend() == "cpu" else 1
+def default_groups(batch):
+    """The row groups of a batch of `batch` rows (static): on a CPU,
+    `GROUPS`, fewer where groups would have under `GROUP_ROWS` rows (at
+    least 1); 1 elsewhere, where a step's time hardly depends on its rows
+    and more groups would only run more steps one after another."""
+    if jax.default_backend() != "cpu":
+        return 1
+    return max(1, min(GROUPS, batch // GROUP_ROWS))
 
 
-def _groups(groups):
-    """The number of row groups asked for, `default_groups()` if None."""
-    return default_groups() if groups is None else groups
+def _groups_text():
+    """The row groups `describe` names."""
+    if jax.default_backend() != "cpu":
+        return "1 row group"
+    return f"up to {GROUPS} row groups of at least {GROUP_ROWS} rows"
+
+
+def _groups(groups, batch):
+    """The number of row groups asked for, `default_groups(batch)` if None."""
+    return default_groups(batch) if groups is None else groups
 
 
 def _kind(inner):
@@ -130,7 +144,7 @@ def run(inner, x, lengths, initial_state, groups=None):
         lengths: Int `(batch,)`, each row's valid steps, in `[0, time]`.
         initial_state: List of `(batch, units)` states (`[h, c]` for an
             LSTM, `[h]` otherwise).
-        groups: Static number of row groups (`default_groups()` if None;
+        groups: Static number of row groups (`default_groups(batch)` if None;
             at most `batch`).
 
     Returns:
@@ -196,7 +210,7 @@ def run_directions(inners, x, lengths, initial_states, groups=None):
         return setup.empty_outputs("held"), setup.empty_states()
     time, directions = setup.time, setup.directions
     lengths = jnp.clip(jnp.asarray(lengths).astype(jnp.int32), 0, time)
-    rows = SortedRows(lengths, _groups(groups))
+    rows = SortedRows(lengths, _groups(groups, lengths.shape[0]))
     # One gather makes the kernel's (directions, time, batch, features)
     # input: rows sorted (the padding rows read row 0 and never use it),
     # each row's steps along the second axis, a backward direction's reversed
@@ -236,7 +250,7 @@ def run_in_place(
             zeros before the first. `"last"`: `(batch, units)`, the output
             after the last step each direction reads; zeros for a row with
             no valid step.
-        groups: Static number of row groups (`default_groups()` if None).
+        groups: Static number of row groups (`default_groups(batch)` if None).
         dropout_masks: None, or one entry per direction: a `(batch,
             features)` input dropout mask its inputs are multiplied by at
             every step, or None for none.
@@ -270,7 +284,7 @@ def run_in_place(
         (1,),
     )
     spans = lax.max(lax.add(lax.sub(last, first), np.int32(1)), np.int32(0))
-    rows = SortedRows(spans, _groups(groups), carry=(first, last))
+    rows = SortedRows(spans, _groups(groups, batch), carry=(first, last))
     # The step each direction reads at span position i of a sorted row.
     first_sorted, last_sorted = rows.carried
     tp = (time, first_sorted.shape[0])  # (span position, sorted row)
