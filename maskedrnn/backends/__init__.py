@@ -13,9 +13,10 @@ backend's module (`current()`) instead of testing the backend's name:
   direction on valid-first data;
 - `layout(steps)`, `run_direction(...)`: PyTorch's kernels straight from
   the caller's order (torch only);
-- `ONE_CALL_KERNELS`, `run_one_call(kernel, inners, x, steps, initial_states, training,
+- `ONE_CALL_KERNELS`, `run_one_call(kernel, inners, x, steps, initial_states,
   want_states)`, `one_call_reason(inners)`: every direction of a call in one
-  kernel call (torch and JAX; `ONE_CALL_KERNELS = ()` elsewhere);
+  kernel call, no input dropout (torch and JAX; `ONE_CALL_KERNELS = ()`
+  elsewhere);
 - `IN_PLACE_KERNELS`, `run_one_call_in_place(kernel, inners, x, steps,
   initial_states, dropout_masks, want_states, place)`: the one-call kernels
   that read the caller's order, each direction's inputs times its own input

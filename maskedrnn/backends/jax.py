@@ -223,7 +223,7 @@ def describe(kernel, inner, want_states, options):
     return keras_kernels.describe(kernel, inner, options)
 
 
-def run_one_call(kernel, inners, x, steps, initial_states, training, want_states):
+def run_one_call(kernel, inners, x, steps, initial_states, want_states):
     """Every direction of a call in one `"jax-fused"` or `"jax-tiers"` call."""
     if kernel == TIERS:
         return jax_tiers.run_one_call(inners, x, steps, initial_states, want_states)
@@ -264,7 +264,7 @@ def run(kernel, inner, x, initial_state, training, steps, want_states):
     """Runs `kernel` over valid-first `x`; `(outputs, states or None)`."""
     if kernel == FUSED:
         y, states = run_one_call(
-            kernel, [inner], x, steps, [initial_state], training, want_states
+            kernel, [inner], x, steps, [initial_state], want_states
         )
         return y, states[0] if want_states else []
     if kernel == TIERS:

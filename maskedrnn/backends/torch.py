@@ -415,7 +415,7 @@ def _describe_fused(inner, options):
     return text
 
 
-def run_one_call(kernel, inners, x, steps, initial_states, training, want_states):
+def run_one_call(kernel, inners, x, steps, initial_states, want_states):
     """Every direction of a call in one kernel call (`torch_fused.run`)."""
     if kernel != "torch-fused":
         raise NotImplementedError(f"{kernel!r} is not a one-call kernel of torch")

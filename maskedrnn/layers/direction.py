@@ -287,7 +287,6 @@ def run_plan(
                 valid_first_zeroed(x, steps),
                 steps,
                 initial_states,
-                training,
                 want_states,
             )
             if joined and place == "zeros":
