@@ -160,7 +160,7 @@ def loss_and_grads(layer, x, **call_kwargs):
         loss = loss_of(layer(xt, **call_kwargs))
         params = [v.value for v in layer.trainable_variables]
         grads = torch.autograd.grad(loss, [xt] + params)
-        return float(loss), [g.detach().cpu().numpy() for g in grads]
+        return float(loss.detach()), [g.detach().cpu().numpy() for g in grads]
     if BACKEND == "jax":
         import jax
 
