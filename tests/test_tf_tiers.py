@@ -28,7 +28,6 @@ from tests.helpers import (
     edge_mask,
     fresh_graphs,
     lengths_to_mask,
-    record_calls,
     tier_mask,
     to_np,
 )
@@ -122,6 +121,19 @@ def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
         assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
         np.testing.assert_allclose(
             a, e, atol=10 * atol, rtol=grad_rtol, err_msg=f"gradient {i}"
+        )
+
+
+def assert_same_step(got, got_grads, want, want_grads):
+    """Outputs and gradients of a step of ours equal the oracle's (the
+    gradients, sums over every row and step, to 1e-4)."""
+    for i, (a, e) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"output {i}"
+        )
+    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
+        np.testing.assert_allclose(
+            to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"gradient {i}"
         )
 
 
@@ -350,78 +362,75 @@ def test_declined_under_xla_and_in_portable_block(cell):
     check_declined_contexts(ours, ref, KERNEL, inputs(), edge_mask())
 
 
-def tier_sizes(monkeypatch):
-    """The `(steps, rows)` of each tier's recurrence."""
+def loop_calls(monkeypatch):
+    """The step loops the layer calls run, in call order: `("tier",
+    (steps, rows))` for one loop over every row, `("shrinking", rows)` for
+    one whose rows leave as they end (`rows`: each block's, then a 0).
+    Eager calls only (the rows are read)."""
     from maskedrnn.backends import tensorflow_cells
 
-    gru = record_calls(monkeypatch, tensorflow_cells, "_gru_recurrence")
-    rnn = record_calls(monkeypatch, tensorflow_cells, "_rnn_recurrence")
-    return lambda: [tuple(to_np(a).shape[:2]) for a in gru + rnn]
+    calls = []
+    original = tensorflow_cells._call
+
+    def recording(function, sequences, *args):
+        name = function.python_function.__name__
+        if not tf.executing_eagerly():
+            pass
+        elif name == "_tier_forward":
+            calls.append(("tier", tuple(sequences[0].shape[:2])))
+        elif name == "_shrinking_forward":
+            calls.append(("shrinking", list(to_np(sequences[2]))))
+        return original(function, sequences, *args)
+
+    monkeypatch.setattr(tensorflow_cells, "_call", recording)
+    return calls
+
+
+def block_of(cell):
+    """The steps per loop iteration of `cell`'s step loops."""
+    from maskedrnn.backends import tensorflow_cells
+
+    kind = CELLS[cell][0]
+    if kind is keras.layers.GRU:
+        return tensorflow_cells.GRU_BLOCK
+    return tensorflow_cells.RNN_BLOCK
 
 
 def whole_blocks(cell, steps):
     """`steps` rounded up to whole loop iterations of `cell`'s step loops:
-    the steps the tiers run."""
-    from maskedrnn.backends import tensorflow_cells
-
-    kind = CELLS[cell][0]
-    block = (
-        tensorflow_cells.GRU_BLOCK
-        if kind is keras.layers.GRU
-        else tensorflow_cells.RNN_BLOCK
-    )
+    the steps one loop over every row runs."""
+    block = block_of(cell)
     return -(-steps // block) * block
 
 
+def expected_block_rows(cell, lengths, time):
+    """The rows with a step in each block of the padded time axis, then a 0."""
+    block = block_of(cell)
+    starts = np.arange(0, whole_blocks(cell, time) + 1, block)
+    return [int((np.asarray(lengths) > s).sum()) for s in starts]
+
+
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
-@pytest.mark.parametrize("batch, tiers", [(24, 1), (64, 2), (111, 3), (300, 4)])
-def test_rows_run_in_tiers_by_length(cell, wrapper, batch, tiers, monkeypatch):
-    """Rows sorted by length run in tiers of at least 32 rows (at most 4);
-    each tier stops where the longest row outside it ends, rounded up to
-    whole loop iterations. Outputs, final states and every gradient equal
-    Keras' masked layer's."""
+@pytest.mark.parametrize("batch", [64, 111, 300])
+def test_rows_leave_the_loop_as_they_end(cell, wrapper, batch, monkeypatch):
+    """From 64 rows, the rows sorted by length run in one loop per
+    direction that each block of steps runs over the rows with a step in
+    it. Outputs, final states and every gradient equal Keras' masked
+    layer's, eagerly and in a `tf.function`."""
     time = 9
-    sizes = tier_sizes(monkeypatch)
+    calls = loop_calls(monkeypatch)
     ours, ref = pair(cell, wrapper)
-    x = inputs(batch, batch=batch, time=time)
+    x = tf.constant(inputs(batch, batch=batch, time=time))
     mask = tier_mask(batch, time, seed=batch)
     rng = np.random.default_rng(1)
     n = 2 if wrapper == "bidirectional" else 1
     init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
     with backends.force(KERNEL):
         assert_matches(ours, ref, x, initial_state=init, mask=mask)
-    calls = sizes()
-    assert len(calls) == tiers * n
-    for first in range(0, len(calls), tiers):
-        rows = [r for _, r in calls[first : first + tiers]]
-        assert rows == sorted(rows, reverse=True) and rows[0] == batch
-        assert tiers == 1 or rows[-1] < batch
-        # Whole loop iterations to the longest row's end.
-        steps = sum(t for t, _ in calls[first : first + tiers])
-        assert steps == whole_blocks(cell, mask.sum(1).max())
-    if tiers > 1:
-        # Fewer steps than one tier would run.
-        one_tier = whole_blocks(cell, mask.sum(1).max())
-        assert sum(t * r for t, r in calls) < n * batch * one_tier
-
-
-@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
-@pytest.mark.parametrize("time, longest", [(8, 5), (9, 5), (9, 9), (9, 0)])
-def test_one_tier_stops_at_the_longest_row(cell, wrapper, time, longest, monkeypatch):
-    """One tier runs the fewest whole loop iterations holding the longest
-    row, the time axis padded when they pass its end. Outputs, final states
-    and every gradient equal Keras' masked layer's, eagerly and in a
-    `tf.function` of known sizes, with every row empty too."""
-    batch = 20
-    sizes = tier_sizes(monkeypatch)
-    ours, ref = pair(cell, wrapper)
-    x = tf.constant(inputs(4, batch=batch, time=time))
-    mask = np.zeros((batch, time), bool)
-    mask[:, :longest] = tier_mask(batch, longest, seed=3)
-    with backends.force(KERNEL):
-        assert_matches(ours, ref, x, mask=mask)
-    runs = [(whole_blocks(cell, longest), batch)]
-    assert sizes() == runs * (2 if wrapper == "bidirectional" else 1)
+    rows = expected_block_rows(cell, mask.sum(1), time)
+    assert calls == [("shrinking", rows)] * n
+    # The last block with rows (the full rows') has fewer than the first.
+    assert rows[0] > rows[-2] > 0
 
     def step(layer):
         with tf.GradientTape() as tape:
@@ -434,18 +443,49 @@ def test_one_tier_stops_at_the_longest_row(cell, wrapper, time, longest, monkeyp
         got, got_grads = tf.function(step)(ours)
     assert kernels_of(plans) == {KERNEL}
     want, want_grads = step(ref)
-    for i, (a, e) in enumerate(zip(list(got) + got_grads, list(want) + want_grads)):
-        np.testing.assert_allclose(
-            to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"tensor {i}"
-        )
+    assert_same_step(got, got_grads, want, want_grads)
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+@pytest.mark.parametrize("time, longest", [(8, 5), (9, 5), (9, 9), (9, 0)])
+def test_one_loop_stops_at_the_longest_row(cell, wrapper, time, longest, monkeypatch):
+    """Under 64 rows, one loop runs every row for the fewest whole loop
+    iterations holding the longest row, the time axis padded when they pass
+    its end. Outputs, final states and every gradient equal Keras' masked
+    layer's, eagerly and in a `tf.function` of known sizes, with every row
+    empty too."""
+    batch = 20
+    calls = loop_calls(monkeypatch)
+    ours, ref = pair(cell, wrapper)
+    x = tf.constant(inputs(4, batch=batch, time=time))
+    mask = np.zeros((batch, time), bool)
+    mask[:, :longest] = tier_mask(batch, longest, seed=3)
+    with backends.force(KERNEL):
+        assert_matches(ours, ref, x, mask=mask)
+    runs = [("tier", (whole_blocks(cell, longest), batch))]
+    assert calls == runs * (2 if wrapper == "bidirectional" else 1)
+
+    def step(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = layer(x, mask=tf.constant(mask))
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    want, want_grads = step(ref)
+    assert_same_step(got, got_grads, want, want_grads)
 
 
 @pytest.mark.parametrize(
     "lengths", ["full", "empty", "one long row"], ids=lambda s: s.replace(" ", "-")
 )
-def test_tiers_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
-    """Tiers that run no step (every row as long, every row empty, one row
-    longer than the rest) pass their rows' states on unchanged."""
+def test_shrinking_rows_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
+    """Rows leaving the loop when every row is as long, every row is empty
+    (no block runs: zeros out, the initial states' gradient zero), or one
+    row is longer than the rest (it runs alone after the others' end)."""
     batch = 96
     lengths = {
         "full": np.full(batch, T, "int32"),
@@ -453,14 +493,16 @@ def test_tiers_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
         "one long row": np.where(np.arange(batch) == 5, T, 2).astype("int32"),
     }[lengths]
     ours, ref = pair(cell, "rnn")
-    sizes = tier_sizes(monkeypatch)
+    calls = loop_calls(monkeypatch)
     x = inputs(3, batch=batch)
-    got, got_grads = outputs_and_grads(ours, x, lengths=lengths)
-    want, want_grads = outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
+    init = [np.random.default_rng(2).standard_normal((batch, U)).astype("float32")]
+    got, got_grads = outputs_and_grads(ours, x, initial_state=init, lengths=lengths)
+    want, want_grads = outputs_and_grads(
+        ref, x, initial_state=init, mask=lengths_to_mask(lengths, T)
+    )
     for a, e in zip(got + got_grads, want + want_grads):
         np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
-    steps = whole_blocks(cell, lengths.max())
-    assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == steps
+    assert calls == [("shrinking", expected_block_rows(cell, lengths, T))]
 
 
 def test_eager_gradients_over_several_shapes(cell):
@@ -478,36 +520,39 @@ def step_loops(monkeypatch, cell_name):
     ("gru" or "simple-rnn"), put in the module's place (`fresh_graphs`)."""
     from maskedrnn.backends import tensorflow_cells
 
-    prefix = "_GRU" if cell_name == "gru" else "_RNN"
-    names = (f"{prefix}_FORWARD", f"{prefix}_BACKWARD")
+    kinds, directions = ("TIER", "SHRINKING"), ("FORWARD", "BACKWARD")
+    names = [f"_{k}_{d}" for k in kinds for d in directions]
     return fresh_graphs(monkeypatch, tensorflow_cells, names)
 
 
+@pytest.mark.parametrize("batch, kind", [(20, "TIER"), (70, "SHRINKING")])
 @pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
-def test_step_loops_traced_once_per_sizes(cell_name, monkeypatch):
+def test_step_loops_traced_once_per_sizes(cell_name, batch, kind, monkeypatch):
     """The forward and the backward step loops are graphs traced once per
-    sizes and dtype with the rows and steps unknown: every tier and
-    direction calls that trace (in a `tf.function` their copies are
-    inlined), and a stacked layer of other units gets its own. Outputs and
-    every gradient equal Keras' masked layers'."""
+    sizes and dtype with the steps unknown: both directions of a layer call
+    that trace (in a `tf.function` their copies are inlined), and a stacked
+    layer of other units gets its own. Outputs and every gradient equal
+    Keras' masked layers'."""
     loops = step_loops(monkeypatch, cell_name)
-    kind = "gru" if cell_name == "gru" else "simple"
-    plans = check_stacked_bidirectional(kind, 70, 9, D, [U, U + 3])
+    cell_kind = "gru" if cell_name == "gru" else "simple"
+    plans = check_stacked_bidirectional(cell_kind, batch, 9, D, [U, U + 3])
     assert kernels_of(plans) == {KERNEL}
-    # 2 tiers in each of 4 directions, each loop traced twice (once per
-    # layer's units).
+    # One loop in each of 4 directions, each traced twice (once per layer's
+    # units); the other kind of loop never.
     for name, loop in loops.items():
-        assert loop.experimental_get_tracing_count() == 2, name
+        want = 2 if name.startswith(f"_{kind}_") else 0
+        assert loop.experimental_get_tracing_count() == want, name
 
 
+@pytest.mark.parametrize("batch", [20, 70])
 @pytest.mark.parametrize("cell_name", ["gru", "simple-rnn"])
-def test_step_loops_run_once_are_traced_in_place(cell_name, monkeypatch):
-    """A one-direction layer of one tier runs each step loop once: in a
-    `tf.function` its ops are traced in place, the shared graphs never
-    traced. Outputs and every gradient equal Keras' masked layer's."""
+def test_step_loops_run_once_are_traced_in_place(cell_name, batch, monkeypatch):
+    """A one-direction layer runs each step loop once: in a `tf.function`
+    its ops are traced in place, the shared graphs never traced. Outputs
+    and every gradient equal Keras' masked layer's."""
     loops = step_loops(monkeypatch, cell_name)
     ours, ref = pair(cell_name, "rnn")
-    batch, time = 20, 9
+    time = 9
     x = tf.constant(inputs(7, batch=batch, time=time))
     mask = tf.constant(tier_mask(batch, time, seed=5))
 
@@ -524,7 +569,4 @@ def test_step_loops_run_once_are_traced_in_place(cell_name, monkeypatch):
     for name, loop in loops.items():
         assert loop.experimental_get_tracing_count() == 0, name
     want, want_grads = step(ref)
-    for i, (a, e) in enumerate(zip(list(got) + got_grads, list(want) + want_grads)):
-        np.testing.assert_allclose(
-            to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"tensor {i}"
-        )
+    assert_same_step(got, got_grads, want, want_grads)

@@ -1,11 +1,14 @@
 """Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` kernel.
 
-On a CPU, where Keras' layer steps every row to the end, rows run in the
-LSTM's length tiers (`tensorflow_tiers`); each tier projects its inputs in
-one matmul, then runs Keras' cell equations in a `tf.while_loop`, with a
-gradient of its own (docs/design.md, "Kernels, one per backend").
-`decline_reason` declines other equations, a GPU, XLA, `portable()` and Keras'
-exporter.
+On a CPU, where Keras' layer steps every row to the end, the rows of
+valid-first data run Keras' cell equations in a `tf.while_loop` over blocks
+of steps (`tensorflow_step_loops`), with a gradient of their own (docs/
+design.md, "Kernels, one per backend"). From `SHRINKING_ROWS` rows the rows,
+sorted by length, leave the loop as they end, each block projecting its
+rows' inputs; a smaller batch runs one tier of `tensorflow_tiers`: every row
+to the longest row's end, its inputs projected in one matmul.
+`decline_reason` declines other equations, a GPU, XLA, `portable()` and
+Keras' exporter.
 """
 
 import keras
@@ -14,13 +17,18 @@ from keras import ops
 
 from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
+from maskedrnn.backends import tensorflow_step_loops as step_loops
 from maskedrnn.backends import tensorflow_tiers as tiers
-from maskedrnn.backends.tensorflow_shapes import leading_shape, reshape_to, size
+from maskedrnn.backends.tensorflow_shapes import leading_shape, size
 
 KERNEL = "tf-tiers"
 DTYPES = ("float16", "float32", "float64")
-# The fewest rows of a tier: each is one more step loop to trace and run.
-TIER_ROWS = 32
+# The fewest rows whose step loop sorts them by length and lets them leave
+# as they end. A smaller batch (or one of unknown size) runs one loop over
+# every row to the longest row's end: its steps are too small for fewer
+# rows to take less time, and the sort and the moves around the loop add
+# to every first call.
+SHRINKING_ROWS = 64
 
 _NOT_CELL = Reason(
     "the tiers compute keras.layers.GRU and keras.layers.SimpleRNN only "
@@ -90,18 +98,23 @@ def describe(inner):
     name = type(inner).__name__
     return (
         f"Keras {name}'s equations in length tiers over valid-first data, "
-        "unmasked: rows sorted by length leave in groups once a group has "
-        "ended, each tier's inputs projected in one matmul and its "
-        "recurrence in one TensorFlow while_loop with a gradient of its "
+        f"unmasked: from {SHRINKING_ROWS} rows, the rows sorted by length "
+        "run one TensorFlow while_loop per direction that drops each row "
+        "after the block of steps holding its last step, each block "
+        "projecting its rows' inputs in one matmul; a smaller batch (or one "
+        "of unknown size) runs every row to the longest row's end, its "
+        "inputs projected in one matmul; each loop with a gradient of its "
         "own; the final state read at each row's last valid step (exact); "
         "in functions XLA compiles (jit_compile=True) Keras' layer runs "
         "instead"
     )
 
 
-def _flat_matmul(a, b):
-    """`a @ b` over the last axis of a 3-d `a`."""
+def _flat_matmul(a, b, bias=None):
+    """`a @ b` (plus `bias`, where given) over the last axis of a 3-d `a`."""
     out = tf.matmul(tf.reshape(a, [-1, a.shape[2]]), b)
+    if bias is not None:
+        out = tf.nn.bias_add(out, bias)
     return tf.reshape(out, leading_shape(a, 2, [b.shape[1]]))
 
 
@@ -119,94 +132,43 @@ def _sum_matmul(a, b):
 
 
 # Steps per while_loop iteration (a block), sharing the loop's own ops:
-# the tiers end on whole blocks (`tiers.run_tiers`' `block`), so the loops
-# never pad. Each step is traced into the loop's body, so a longer block
-# costs first calls what it saves in steady state: a GRU step is large
-# enough for 2, a SimpleRNN step's small matmul gains from 4.
+# the loops end on whole blocks (`tiers.run_tiers`' `block`), so they never
+# pad. Each step is traced into the loop's body, so a longer block costs
+# first calls what it saves in steady state: a GRU step is large enough
+# for 2, a SimpleRNN step's small matmul gains from 4.
 GRU_BLOCK = 2
 RNN_BLOCK = 4
+_BLOCKS = {"gru": GRU_BLOCK, "rnn": RNN_BLOCK}
 
 
-def _block(cell):
-    """The steps per loop iteration of `cell`'s step loops."""
-    return GRU_BLOCK if isinstance(cell, keras.layers.GRUCell) else RNN_BLOCK
+def _kind(cell):
+    """ "gru" or "rnn" (a SimpleRNN): the equations `cell` runs."""
+    return "gru" if isinstance(cell, keras.layers.GRUCell) else "rnn"
 
 
-def _scan(step, h0, seqs, widths, block, blocks, backward=False):
-    """Runs `h, outs = step(h, inputs)` over time-major `seqs`, `block` at a time.
-
-    Args:
-        step: A function of `(h, list of (rows, width) tensors)` returning
-            `(h, list of (rows, width_i) tensors)`, one per `widths`.
-        h0: `(rows, units)`, the carried value before the first step.
-        seqs: List of `(blocks * block, rows, width)` tensors.
-        widths: Python ints, the widths of `step`'s outputs.
-        block: Python int, the steps per loop iteration.
-        blocks: Scalar int32 tensor, the loop's iterations.
-        backward: Whether to run from the last step to the first.
-
-    Returns:
-        `(h, outs)`: the last carried value and one `(blocks * block,
-        rows, width_i)` tensor per `widths`.
-    """
-    rows = size(h0, 0)
-    dtype = seqs[0].dtype
-    blocked = [
-        tf.reshape(s, reshape_to([blocks, block, rows, s.shape[-1]])) for s in seqs
-    ]
-    known_rows = rows if isinstance(rows, int) else None
-    # The steps, for a reshape: unknown, read as -1 where the rows are known.
-    steps = -1 if known_rows is not None else blocks * block
-    arrays = [
-        tf.TensorArray(
-            dtype, size=blocks, element_shape=tf.TensorShape([block, known_rows, w])
-        )
-        for w in widths
-    ]
-    order = range(block - 1, -1, -1) if backward else range(block)
-
-    def body(i, h, *arrays):
-        # Block i of each sequence: one slice (a view, no copy) sharing its
-        # bounds, where `b[i]` is six ops each.
-        begin = tf.reshape(i, [1])
-        end, one = begin + 1, tf.constant([1])
-        inputs = [
-            tf.unstack(
-                tf.strided_slice(b, begin, end, one, shrink_axis_mask=1), num=block
-            )
-            for b in blocked
-        ]
-        outs = [[None] * block for _ in widths]
-        for j in order:
-            h, out = step(h, [x[j] for x in inputs])
-            for kept, value in zip(outs, out):
-                kept[j] = value
-        arrays = [a.write(i, tf.stack(o)) for a, o in zip(arrays, outs)]
-        return (i - 1 if backward else i + 1, h, *arrays)
-
-    out = tf.while_loop(
-        (lambda i, *_: i >= 0) if backward else (lambda i, *_: i < blocks),
-        body,
-        (blocks - 1 if backward else 0, h0, *arrays),
-    )
-    results = []
-    for a, w in zip(out[2:], widths):
-        full = tiers.stack(a, [block, rows, w])
-        results.append(tf.reshape(full, reshape_to([steps, rows, w])))
-    return out[1], results
+def _step_inputs(kind, xp, units):
+    """A step's inputs from the input projections `xp` `(..., width)`: a
+    GRU's gates (z, r) and candidate apart, a SimpleRNN's as they are."""
+    if kind == "gru":
+        return tf.split(xp, [2 * units, units], axis=-1)
+    return [xp]
 
 
-def _gru_forward(xp, h0, u, bh, reset_after, units, blocks):
-    """The outputs `(steps, rows, units)` of the GRU recurrence from `h0`.
+def _step(kind, u, bh, reset_after):
+    """One step of the cell, `step(h, inputs) -> (h, [h])`, on the inputs
+    of `_step_inputs`."""
+    units = u.shape[0]
+    if kind == "rnn":
 
-    `xp` holds the input projections with their bias, `bh` the recurrent
-    bias; `units` is static, as shapes may be traced relaxed; `xp` holds
-    `blocks` blocks of `GRU_BLOCK` steps.
-    """
+        def rnn_step(h, inputs):
+            h = tf.tanh(inputs[0] + tf.matmul(h, u))
+            return h, [h]
+
+        return rnn_step
     if not reset_after:
         u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
 
-    def step(h, inputs):
+    def gru_step(h, inputs):
         x_zr, x_h = inputs
         if reset_after:
             hp = tf.nn.bias_add(tf.matmul(h, u), bh)
@@ -220,18 +182,21 @@ def _gru_forward(xp, h0, u, bh, reset_after, units, blocks):
         h = hh + z * (h - hh)
         return h, [h]
 
-    x_zr_h = tf.split(xp, [2 * units, units], axis=2)
-    return _scan(step, h0, x_zr_h, [units], GRU_BLOCK, blocks)[1][0]
+    return gru_step
 
 
-def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units, blocks):
-    """Gradients w.r.t. `(xp, h0, u, bh)`: gates recomputed, `dh` carried back."""
-    dtype = xp.dtype
+def _gru_grads(xs, h_prev, dhs, u, bh, reset_after, recur):
+    """The gradients of GRU steps: their gates recomputed from the step
+    inputs `xs` and states before each step `h_prev`, `dh` carried back by
+    `recur(step, seqs, widths) -> (dh0, outs)` (`seqs` the time-major
+    inputs of `step`). Returns `(dh0, d_xp, d_u, d_bh)`, the weights' in
+    `_sum_dtype`, `d_bh` None without reset_after (no recurrent bias)."""
+    units = u.shape[0]
+    dtype = h_prev.dtype
     u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
-    h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
-    x_zr, x_h = tf.split(xp, [2 * units, units], axis=2)
+    x_zr, x_h = xs
     if reset_after:
-        hp_zr, hp_h = tf.split(_flat_matmul(h_prev, u) + bh, [2 * units, units], 2)
+        hp_zr, hp_h = tf.split(_flat_matmul(h_prev, u, bh), [2 * units, units], 2)
         z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=2)
         hh = tf.tanh(x_h + r * hp_h)
     else:
@@ -253,21 +218,12 @@ def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units, blocks):
             d_rec = tf.concat([g, g, g], axis=1) * c_t
             return g * z_t + tf.matmul(d_rec, u_t), [g]
 
-        dh0, (g,) = _scan(
-            step_after,
-            tf.zeros_like(h0),
-            [dhs, z, c_rec],
-            [units],
-            GRU_BLOCK,
-            blocks,
-            backward=True,
-        )
+        dh0, (g,) = recur(step_after, [dhs, z, c_rec], [units])
         g3 = tf.concat([g, g, g], axis=2)
         d_rec = g3 * c_rec
         d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
-        d_u = _sum_matmul(h_prev, d_rec)
         d_bh = tf.reduce_sum(tf.cast(d_rec, _sum_dtype(dtype)), axis=(0, 1))
-        return d_xp, dh0, tf.cast(d_u, dtype), tf.cast(d_bh, dtype)
+        return dh0, d_xp, _sum_matmul(h_prev, d_rec), d_bh
     c_r = h_prev * r * (1 - r)
     u_zr_t, u_h_t = tf.transpose(u_zr), tf.transpose(u_h)
 
@@ -279,52 +235,174 @@ def _gru_backward(xp, h0, hs, dhs, u, bh, reset_after, units, blocks):
         d_zr = tf.concat([g * c_z_t, d_r], axis=1)
         return g * z_t + d_rh * r_t + tf.matmul(d_zr, u_zr_t), [g, d_r]
 
-    dh0, (g, d_r) = _scan(
-        step,
-        tf.zeros_like(h0),
-        [dhs, z, r, c_z, c_h, c_r],
-        [units, units],
-        GRU_BLOCK,
-        blocks,
-        backward=True,
-    )
+    dh0, (g, d_r) = recur(step, [dhs, z, r, c_z, c_h, c_r], [units, units])
     d_zr = tf.concat([g * c_z, d_r], axis=2)
     d_h = g * c_h
     d_u = tf.concat([_sum_matmul(h_prev, d_zr), _sum_matmul(rh, d_h)], axis=1)
-    d_xp = tf.concat([d_zr, d_h], axis=2)
-    return d_xp, dh0, tf.cast(d_u, dtype), tf.zeros_like(bh)
+    return dh0, tf.concat([d_zr, d_h], axis=2), d_u, None
 
 
-def _rnn_forward(xp, h0, u, units, blocks):
-    """The outputs of the SimpleRNN recurrence `h' = tanh(xp_t + h U)`."""
-
-    def step(h, inputs):
-        h = tf.tanh(inputs[0] + tf.matmul(h, u))
-        return h, [h]
-
-    return _scan(step, h0, [xp], [units], RNN_BLOCK, blocks)[1][0]
-
-
-def _rnn_backward(xp, h0, hs, dhs, u, units, blocks):
-    """The gradients of `_rnn_forward`'s outputs w.r.t. `(xp, h0, u)`."""
-    dtype = xp.dtype
+def _rnn_grads(xs, h_prev, hs, dhs, u, recur):
+    """The gradients of SimpleRNN steps `h' = tanh(xp_t + h U)`, as
+    `_gru_grads`' (`hs` the states after each step; no `d_bh`)."""
+    del xs  # The outputs hold the activations.
+    units = u.shape[0]
     u_t = tf.transpose(u)
 
     def step(dh, inputs):
         d = (inputs[0] + dh) * inputs[1]
         return tf.matmul(d, u_t), [d]
 
-    dh0, (d,) = _scan(
-        step,
-        tf.zeros_like(h0),
-        [dhs, 1 - hs * hs],
-        [units],
-        RNN_BLOCK,
-        blocks,
-        backward=True,
+    dh0, (d,) = recur(step, [dhs, 1 - hs * hs], [units])
+    return dh0, d, _sum_matmul(h_prev, d), None
+
+
+def _grads(kind, xs, h_prev, hs, dhs, u, bh, reset_after, recur):
+    """`_gru_grads` or `_rnn_grads` for `kind`."""
+    if kind == "gru":
+        return _gru_grads(xs, h_prev, dhs, u, bh, reset_after, recur)
+    return _rnn_grads(xs, h_prev, hs, dhs, u, recur)
+
+
+def _states_before(h0, hs):
+    """The states before each step: `h0`, then `hs` but the last."""
+    return tf.concat([h0[None], hs], axis=0)[:-1]
+
+
+def _weight_grads(grads, dtype, bh):
+    """`grads` cast to `dtype`, `d_bh` zeros where `_grads` gave None (a
+    recurrent bias of zeros, whose gradient is never used), dropped where
+    the cell has none (`bh` None)."""
+    *others, d_bh = grads
+    cast = [tf.cast(g, dtype) for g in others]
+    if bh is None:
+        return cast
+    return cast + [tf.zeros_like(bh) if d_bh is None else tf.cast(d_bh, dtype)]
+
+
+def _tier_forward(xp, h0, u, bh, kind, reset_after, blocks):
+    """The outputs `(steps, rows, units)` of the recurrence from `h0` over
+    one tier of rows: `xp` the input projections with their bias, `blocks`
+    blocks of steps (`_BLOCKS`)."""
+    units = u.shape[0]
+    step = _step(kind, u, bh, reset_after)
+    inputs = _step_inputs(kind, xp, units)
+    block = _BLOCKS[kind]
+    return step_loops.scan(step, h0, inputs, [units], block, blocks)[1][0]
+
+
+def _tier_backward(xp, h0, hs, dhs, u, bh, kind, reset_after, blocks):
+    """The gradients of `_tier_forward` w.r.t. `xp`, `h0`, `u` (and `bh`)."""
+    block = _BLOCKS[kind]
+
+    def recur(step, seqs, widths):
+        zeros = tf.zeros_like(h0)
+        return step_loops.scan(step, zeros, seqs, widths, block, blocks, True)
+
+    xs = _step_inputs(kind, xp, u.shape[0])
+    h_prev = _states_before(h0, hs)
+    dh0, d_xp, *weights = _grads(kind, xs, h_prev, hs, dhs, u, bh, reset_after, recur)
+    return [d_xp, dh0, *_weight_grads(weights, xp.dtype, bh)]
+
+
+def _project(x, kernel, b):
+    """The input projections of a block's steps `x` `(block, rows,
+    features)`: one matmul and its bias."""
+    return _flat_matmul(x, kernel, b)
+
+
+def _time_major(x, blocks_time):
+    """Batch-major `x` `(batch, time, width)` as time-major `(blocks_time,
+    batch, width)`, zero steps after its own."""
+    pad = blocks_time - size(x, 1)
+    if not isinstance(pad, int) or pad > 0:
+        x = tf.pad(x, [[0, 0], [0, pad], [0, 0]])
+    return tf.transpose(x, (1, 0, 2))
+
+
+def _batch_major(seq, inverse, time):
+    """Time-major sorted `seq` `(blocks_time, batch, width)` as batch-major
+    `(batch, time, width)` in the caller's row order (`inverse`)."""
+    y = tf.transpose(tf.gather(seq, inverse, axis=1), (1, 0, 2))
+    pad = size(seq, 0) - time
+    if not isinstance(pad, int) or pad > 0:
+        # A split, whose gradient is a concat (a slice's is slower).
+        y = tf.split(y, tf.stack([time, pad]), num=2, axis=1)[0]
+    return y
+
+
+def _shrinking_forward(
+    x, h0, rows, order, inverse, kernel, b, u, bh, kind, reset_after, zero_h0
+):
+    """The outputs of the recurrence over rows sorted by length that leave
+    as they end (`step_loops.shrinking_forward`), each block's inputs
+    projected by `kernel` and `b` in the loop.
+
+    `x` `(batch, time, features)` and `h0` are in the caller's row order,
+    `order` sorts it longest first and `inverse` undoes that; `rows` from
+    `tiers.block_rows`. `h0` is not sorted where `zero_h0` (all zeros).
+    Returns the outputs `(batch, time, units)` in the caller's order, then
+    what the gradient reads: the sorted time-major inputs, initial states
+    and outputs."""
+    units, block = u.shape[0], _BLOCKS[kind]
+    time = size(x, 1)
+    xs = _time_major(tf.gather(x, order), tiers.whole(time, block))
+    h0s = h0 if zero_h0 else tf.gather(h0, order)
+
+    def project(x_block):
+        return _step_inputs(kind, _project(x_block, kernel, b), units)
+
+    step = _step(kind, u, bh, reset_after)
+    hs = step_loops.shrinking_forward(xs, h0s, rows, project, step, block)
+    return _batch_major(hs, inverse, time), xs, h0s, hs
+
+
+def _shrinking_backward(
+    xs, h0s, hs, dy, rows, order, inverse, kernel, b, u, bh, kind, reset_after
+):
+    """The gradients of `_shrinking_forward`'s outputs w.r.t. `x`, `h0`,
+    `kernel`, `b`, `u` (and `bh`), block by block: each block's gates
+    recomputed and its input and weight gradients computed for its rows
+    only. `xs`, `h0s`, `hs`: what the forward returned after the outputs;
+    `dy` the gradient w.r.t. the outputs, in the caller's order."""
+    units, block = u.shape[0], _BLOCKS[kind]
+    dtype, sum_dtype = xs.dtype, _sum_dtype(xs.dtype)
+    kernel_t = tf.transpose(kernel)
+    with_bh = kind == "gru" and reset_after
+    time = size(dy, 1)
+    dhs = _time_major(tf.gather(dy, order), size(xs, 0))
+
+    def grads(dh, inputs):
+        x_block, h_prev, hs_block, dhs_block = inputs
+
+        def recur(step, seqs, widths):
+            return step_loops.unrolled(step, dh, seqs, len(widths), block, True)
+
+        xp = _step_inputs(kind, _project(x_block, kernel, b), units)
+        dh, d_xp, d_u, d_bh = _grads(
+            kind, xp, h_prev, hs_block, dhs_block, u, bh, reset_after, recur
+        )
+        terms = [
+            _sum_matmul(x_block, d_xp),
+            tf.reduce_sum(tf.cast(d_xp, sum_dtype), axis=(0, 1)),
+            d_u,
+        ]
+        return dh, _flat_matmul(d_xp, kernel_t), terms + ([d_bh] if with_bh else [])
+
+    width = kernel.shape[1]
+    sums = [
+        tf.zeros(kernel.shape, sum_dtype),
+        tf.zeros((width,), sum_dtype),
+        tf.zeros(u.shape, sum_dtype),
+    ] + ([tf.zeros((width,), sum_dtype)] if with_bh else [])
+    seqs = [xs, _states_before(h0s, hs), hs, dhs]
+    d_xs, dh0s, sums = step_loops.shrinking_backward(
+        seqs, rows, grads, sums, xs.shape[2], units, block
     )
-    h_prev = tf.concat([h0[None], hs], axis=0)[:-1]
-    return d, dh0, tf.cast(_sum_matmul(h_prev, d), dtype)
+    if not with_bh:
+        sums.append(None)
+    d_x = _batch_major(d_xs, inverse, time)
+    return [d_x, tf.gather(dh0s, inverse), *_weight_grads(sums, dtype, bh)]
 
 
 def _shared_graph(function):
@@ -333,105 +411,145 @@ def _shared_graph(function):
     return tf.function(function, autograph=False)
 
 
-# The step loops. Where a layer call runs one more than once (tiers,
-# directions), each is traced once per process for every tier, direction
-# and tf.function, and each call inlines a copy of that trace, optimised
-# with the graph around it; run once, its ops are traced in place. Eagerly
-# they run as graphs, not as a Python loop of ops. They are written with
+# The step loops. Where a layer call runs one more than once (directions,
+# or tiers), each is traced once per process for every direction and
+# tf.function, and each call inlines a copy of that trace, optimised with
+# the graph around it; run once, its ops are traced in place. Eagerly they
+# run as graphs, not as a Python loop of ops. They are written with
 # tf.while_loop, so autograph is off.
-_GRU_FORWARD = _shared_graph(_gru_forward)
-_GRU_BACKWARD = _shared_graph(_gru_backward)
-_RNN_FORWARD = _shared_graph(_rnn_forward)
-_RNN_BACKWARD = _shared_graph(_rnn_backward)
+_TIER_FORWARD = _shared_graph(_tier_forward)
+_TIER_BACKWARD = _shared_graph(_tier_backward)
+_SHRINKING_FORWARD = _shared_graph(_shrinking_forward)
+_SHRINKING_BACKWARD = _shared_graph(_shrinking_backward)
 
 
-def _call(function, sequences, others, shared, rows_known):
+def _call(function, sequences, others, shared, time_axes=None):
     """`function(*sequences, *others)`: the shared graph traced for any
     steps where `shared` (or eagerly), else its ops traced in place.
-    In the shared trace each of `sequences` (the tensors of a tier's rows
-    and steps: `(steps, rows, width)` or `(rows, width)`) has its steps
-    unknown, and its rows too unless `rows_known` (one tier, so one trace
-    of known sizes serves every call); the weights, tensors and Python
-    values of `others` are part of it as they are."""
+
+    In the shared trace each of `sequences` (the tensors of the rows and
+    steps) has its steps unknown (axis `time_axes[i]`, none where None;
+    by default axis 0 of a 3-d tensor, none else), and eagerly its rows
+    too (`_rows_axis`): one trace serves batches of every size. The
+    weights, tensors and Python values of `others` are part of it as they
+    are."""
     if not (shared or tf.executing_eagerly()):
         return function.python_function(*sequences, *others)
-    # Eagerly, one trace serves batches of every size.
-    rows_known = rows_known and not tf.executing_eagerly()
+    rows_known = not tf.executing_eagerly()
+    if time_axes is None:
+        time_axes = [0 if t.shape.rank == 3 else None for t in sequences]
     specs = []
-    for t in sequences:
+    for t, time_axis in zip(sequences, time_axes):
         dims = t.shape.as_list()
-        if len(dims) == 3:
-            dims[0] = None
-        if not rows_known:
-            dims[-2] = None
+        if time_axis is not None:
+            dims[time_axis] = None
+        rows_axis = _rows_axis(len(dims), time_axis)
+        if not rows_known and rows_axis is not None:
+            dims[rows_axis] = None
         specs.append(tf.TensorSpec(dims, t.dtype))
     function.get_concrete_function(*specs, *others)
     return function(*sequences, *others)
 
 
-def _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known, blocks):
-    @tf.custom_gradient
-    def recurrence(xp, h0, u, bh):
-        units = u.shape[0]
-        others = (u, bh, reset_after, units, blocks)
-        hs = _call(_GRU_FORWARD, (xp, h0), others, shared, rows_known)
-
-        def grad(dhs):
-            sequences = (xp, h0, hs, dhs)
-            return _call(_GRU_BACKWARD, sequences, others, shared, rows_known)
-
-        return hs, grad
-
-    return recurrence(xp, h0, u, bh)
+def _rows_axis(rank, time_axis):
+    """The rows' axis of a sequence of `rank` axes for `_call`: the one of
+    the first two that is not the steps' (3 axes), none for a table per
+    block of steps (1 axis, steps on axis 0), else axis 0."""
+    if rank == 3:
+        return 1 - time_axis
+    return None if rank == 1 and time_axis == 0 else 0
 
 
-def _rnn_recurrence(xp, h0, u, shared, rows_known, blocks):
-    @tf.custom_gradient
-    def recurrence(xp, h0, u):
-        others = (u, u.shape[0], blocks)
-        hs = _call(_RNN_FORWARD, (xp, h0), others, shared, rows_known)
-
-        def grad(dhs):
-            sequences = (xp, h0, hs, dhs)
-            return _call(_RNN_BACKWARD, sequences, others, shared, rows_known)
-
-        return hs, grad
-
-    return recurrence(xp, h0, u)
-
-
-def _segment(cell, dtype, shared, rows_known):
-    """The `segment` of `tiers.chained` running `cell`, weights cast once,
-    its step loops the shared graphs where `shared` (traced for the rows
-    of the one tier where `rows_known`)."""
+def _weights(cell, dtype):
+    """`(kernel, b, u, bh)` of `cell` in `dtype`: `b` None without a bias,
+    `bh` a GRU's recurrent bias (zeros where it has none), None for a
+    SimpleRNN."""
     kernel = ops.cast(cell.kernel, dtype)
     u = ops.cast(cell.recurrent_kernel, dtype)
-    units = cell.units
-    if isinstance(cell, keras.layers.GRUCell):
-        width = 3 * units
-        reset_after = cell.reset_after
-        if not cell.use_bias:
-            b, bh = None, tf.zeros((width,), dtype)
-        elif reset_after:
-            b, bh = tf.unstack(ops.cast(cell.bias, dtype))
-        else:
-            b, bh = ops.cast(cell.bias, dtype), tf.zeros((width,), dtype)
-    else:
+    if _kind(cell) == "rnn":
         b = ops.cast(cell.bias, dtype) if cell.use_bias else None
+        return kernel, b, u, None
+    width = 3 * cell.units
+    if not cell.use_bias:
+        return kernel, None, u, tf.zeros((width,), dtype)
+    if cell.reset_after:
+        b, bh = tf.unstack(ops.cast(cell.bias, dtype))
+        return kernel, b, u, bh
+    return kernel, ops.cast(cell.bias, dtype), u, tf.zeros((width,), dtype)
+
+
+def _tier_segment(cell, dtype, shared):
+    """The `segment` of `tiers.chained` running `cell` over one tier, its
+    step loops the shared graphs where `shared`."""
+    kernel, b, u, bh = _weights(cell, dtype)
+    kind = _kind(cell)
+    reset_after = kind == "gru" and cell.reset_after
+    with_bh = bh is not None
 
     def segment(x_k, states, steps):
-        xp = _flat_matmul(x_k, kernel)
-        if b is not None:
-            xp = xp + b
-        h0 = states[0]
-        blocks = steps // _block(cell)
-        if isinstance(cell, keras.layers.GRUCell):
-            hs = _gru_recurrence(xp, h0, u, bh, reset_after, shared, rows_known, blocks)
-        else:
-            hs = _rnn_recurrence(xp, h0, u, shared, rows_known, blocks)
-        return [hs]
+        xp = _flat_matmul(x_k, kernel, b)
+        blocks = steps // _BLOCKS[kind]
+
+        @tf.custom_gradient
+        def recurrence(xp, h0, u, *bh):
+            others = (u, bh[0] if with_bh else None, kind, reset_after, blocks)
+            hs = _call(_TIER_FORWARD, (xp, h0), others, shared)
+
+            def grad(dhs):
+                sequences = (xp, h0, hs, dhs)
+                return _call(_TIER_BACKWARD, sequences, others, shared)
+
+            return hs, grad
+
+        return [recurrence(xp, states[0], u, *([bh] if with_bh else []))]
 
     return segment
+
+
+def _run_shrinking(cell, dtype, shared, x, h0, steps):
+    """The outputs of `cell` over `x` `(batch, time, features)` from `h0`,
+    rows sorted by length leaving the step loop as they end, its step loops
+    the shared graphs where `shared`. One gradient for all of it, the
+    rows' sort and its inverse included."""
+    kernel, b, u, bh = _weights(cell, dtype)
+    kind = _kind(cell)
+    reset_after = kind == "gru" and cell.reset_after
+    block = _BLOCKS[kind]
+    if b is None:
+        b = tf.zeros((kernel.shape[1],), dtype)
+    lengths, order, inverse = tiers.sorted_lengths(steps, x.shape[0], 2)
+    blocks_time = tiers.whole(size(x, 1), block)
+    rows = steps.shared(
+        ("tf-block-rows", block),
+        lambda: tiers.block_rows(lengths, blocks_time, block),
+    )
+    known = None if tf.executing_eagerly() else tf.get_static_value(h0)
+    zero_h0 = known is not None and not known.any()
+    with_bh = bh is not None
+
+    @tf.custom_gradient
+    def run(x, h0, kernel, b, u, *bh):
+        others = (kernel, b, u, bh[0] if with_bh else None, kind, reset_after)
+        y, xs, h0s, hs = _call(
+            _SHRINKING_FORWARD,
+            (x, h0, rows, order, inverse),
+            (*others, zero_h0),
+            shared,
+            (1, None, 0, None, None),
+        )
+
+        def grad(dy):
+            return _call(
+                _SHRINKING_BACKWARD,
+                (xs, h0s, hs, dy, rows, order, inverse),
+                others,
+                shared,
+                (0, None, 0, 1, 0, None, None),
+            )
+
+        return y, grad
+
+    return run(x, h0, kernel, b, u, *([bh] if with_bh else []))
 
 
 def run(inner, x, initial_state, steps, want_states):
@@ -458,18 +576,22 @@ def run(inner, x, initial_state, steps, want_states):
     dtype = keras.backend.standardize_dtype(cell.compute_dtype)
     x = ops.cast(x, dtype)
     h0 = ops.cast(initial_state[0], dtype)
-    count = tiers.tier_count(x.shape[0], TIER_ROWS)
+    batch = x.shape[0]
+    shrinking = batch is not None and batch >= SHRINKING_ROWS
     # The step loops' calls in this layer call: shared graphs beyond one.
-    calls = count * backends.directions_in_call()
-    y, _ = tiers.run_tiers(
-        x,
-        [h0],
-        steps,
-        tiers.chained(_segment(cell, dtype, calls > 1, count == 1)),
-        count,
-        want_states=False,
-        block=_block(cell),
-    )
+    shared = backends.directions_in_call() > 1
+    if shrinking:
+        y = _run_shrinking(cell, dtype, shared, x, h0, steps)
+    else:
+        y, _ = tiers.run_tiers(
+            x,
+            [h0],
+            steps,
+            tiers.one_tier(_tier_segment(cell, dtype, shared)),
+            1,
+            want_states=False,
+            block=_BLOCKS[_kind(cell)],
+        )
     if not want_states:
         return y, None
     h = tf.gather(y, steps.last, axis=1, batch_dims=1)

@@ -15,6 +15,7 @@ import collections
 import sys
 
 import keras
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util
 
@@ -151,11 +152,11 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states, block=1):
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    lengths, order, inverse = _sorted_lengths(steps, batch, tiers)
+    lengths, order, inverse = sorted_lengths(steps, batch, tiers)
     if order is not None:
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
-    blocks_time = _whole(time, block)
+    blocks_time = whole(time, block)
     pad = blocks_time - time
     padded = block > 1 and (not isinstance(pad, int) or pad > 0)
     if padded:
@@ -182,26 +183,28 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states, block=1):
     return h, others
 
 
-def chained(segment):
-    """The `recurrence` of `run_tiers` that runs `segment(x_k, states_k,
-    steps_k) -> sequences` on each tier's steps (`steps_k` of them, a
-    scalar) and rows in turn, each call with its own gradient, the states
-    passed on by `states_after`."""
+def one_tier(segment):
+    """The `recurrence` of `run_tiers` for one tier: `segment(x, states,
+    steps) -> sequences` over the steps to the longest row's end (`steps`,
+    a scalar), zeros after."""
 
     def recurrence(x, steps, states, rows):
-        segments = tf.split(x, steps, num=len(rows) + 1)
-        per_tier = []
-        for k, rows_k in enumerate(rows):
-            x_k = segments[k]
-            if k:
-                x_k = first_rows(x_k, rows_k)
-                states = states_after(states, per_tier[-1], rows_k)
-            per_tier.append(segment(x_k, states, steps[k]))
-        pads = paddings(size(x, 1), rows)
-        past = steps[len(rows)]
-        return [full([s[i] for s in per_tier], pads, past) for i in range(len(states))]
+        ran, past = steps
+        sequences = segment(tf.split(x, [ran, past], num=2)[0], states, ran)
+        return [full([s], [], past) for s in sequences]
 
     return recurrence
+
+
+def block_rows(lengths, blocks_time, block):
+    """The rows with a step in each block of `block` steps, for `lengths`
+    sorted longest first, then a 0 (a block past the time axis):
+    `(blocks_time // block + 1,)` int32, non-increasing."""
+    if isinstance(blocks_time, int):
+        starts = np.arange(0, blocks_time + 1, block, dtype="int32")[:, None]
+    else:
+        starts = tf.range(0, blocks_time + 1, block)[:, None]
+    return tf.reduce_sum(tf.cast(lengths > starts, "int32"), 1)
 
 
 def first_rows(x, rows):
@@ -250,20 +253,20 @@ def _tier_steps(lengths, rows, time, block):
     tier: `(tiers + 1,)` int32, a list of two scalars for one tier."""
     if len(rows) == 2:
         # One tier, unsorted, to the longest row.
-        end = _whole(tf.reduce_max(tf.concat([lengths, [0]], axis=0)), block)
+        end = whole(tf.reduce_max(tf.concat([lengths, [0]], axis=0)), block)
         return [end, time - end]
     # Sorted, the longest row of rows [m, batch) is row m.
-    ends = _whole(tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:]), block)
+    ends = whole(tf.gather(tf.concat([lengths, [0]], axis=0), rows[1:]), block)
     bounds = tf.concat([[0], ends, [time]], axis=0)
     return bounds[1:] - bounds[:-1]
 
 
-def _whole(steps, block):
+def whole(steps, block):
     """`steps` rounded up to a multiple of `block`."""
     return steps if block == 1 else (steps + (block - 1)) // block * block
 
 
-def _sorted_lengths(steps, batch, tiers):
+def sorted_lengths(steps, batch, tiers):
     """`(lengths, order, inverse)`: int32 `lengths` sorted longest first,
     the sort's permutation and its inverse; for one tier the lengths as
     they are and None twice. Sorted once per call, for every direction."""
