@@ -124,9 +124,24 @@ def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
         )
 
 
-def assert_same_step(got, got_grads, want, want_grads):
-    """Outputs and gradients of a step of ours equal the oracle's (the
-    gradients, sums over every row and step, to 1e-4)."""
+def assert_same_in_tf_function(ours, ref, x, mask):
+    """A training step of `ours` in a `tf.function` (the tiers running, as
+    `backends.record()` reads) gives the outputs and gradients w.r.t. `x`
+    and every weight of `ref`'s, run eagerly (the gradients, sums over
+    every row and step, to 1e-4)."""
+    x, mask = tf.constant(x), tf.constant(mask)
+
+    def step(layer):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = layer(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
+
+    with backends.record() as plans:
+        got, got_grads = tf.function(step)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    want, want_grads = step(ref)
     for i, (a, e) in enumerate(zip(got, want)):
         np.testing.assert_allclose(
             to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"output {i}"
@@ -168,6 +183,34 @@ def test_initial_state_and_its_gradient(cell, wrapper, how):
     assert_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
 
 
+@pytest.mark.parametrize("batch", [24, 64])
+def test_gradient_of_constant_zero_initial_states(cell, batch):
+    """Initial states that the trace knows are zeros (a `tf.zeros` passed
+    in a `tf.function`) are not moved with the sorted rows; their gradient,
+    taken in the function, still comes back in the caller's row order."""
+    ours, ref = pair(cell, "rnn")
+    x = tf.constant(inputs(8, batch=batch))
+    mask = tf.constant(tier_mask(batch, T, seed=8))
+    weights = tf.constant(
+        np.random.default_rng(8).standard_normal((batch, T, U)).astype("float32")
+    )
+
+    def grads(layer):
+        h0 = tf.zeros((batch, U))
+        with tf.GradientTape() as tape:
+            tape.watch(h0)
+            y = layer(x, mask=mask, initial_state=[h0])[0]
+            loss = tf.reduce_sum(y * weights)
+        return tape.gradient(loss, h0)
+
+    with backends.record() as plans:
+        got = tf.function(grads)(ours)
+    assert kernels_of(plans) == {KERNEL}
+    want = grads(ref)
+    assert np.abs(to_np(want)).max() > 0.1
+    np.testing.assert_allclose(to_np(got), to_np(want), atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("zero_output_for_mask", [False, True])
 def test_masked_rnn_matches_keras(cell, go_backwards, zero_output_for_mask, how):
@@ -206,29 +249,34 @@ def test_no_bias_and_last_output_only(cell, how):
     assert_matches(ours, ref, inputs(4), mask=edge_mask())
 
 
-def test_float64_matches_keras(cell, how):
+# One loop over every row, and rows leaving the loop as they end.
+BATCHES = [24, 64]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_float64_matches_keras(cell, batch, how):
     """float64 throughout (weights, steps, gradient sums): agreement to
     float64 rounding, far below float32's."""
     ours, ref = pair(cell, "bidirectional", dtype="float64")
-    x = inputs(6, batch=24, dtype="float64")
-    mask = tier_mask(24, T, seed=6)
+    x = inputs(6, batch=batch, dtype="float64")
+    mask = tier_mask(batch, T, seed=6)
     assert_matches(ours, ref, x, atol=1e-12, mask=mask)
 
 
-def test_mixed_precision_matches_keras(cell):
+@pytest.mark.parametrize("batch", BATCHES)
+def test_mixed_precision_matches_keras(cell, batch):
     """mixed_float16: both compute in float16 (the weights float32); the
     gradient sums over steps run in float32."""
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
         ours, ref = pair(cell, "rnn")
-        x = inputs(7, batch=32)
+        x = inputs(7, batch=batch)
+        mask = tier_mask(batch, T, seed=4)
         with backends.record() as plans:
             # Keras adds the steps' weight gradients one by one in float16,
             # ours sums them at once: they differ by float16's rounding.
-            assert_matches(
-                ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=tier_mask(32, T, seed=4)
-            )
+            assert_matches(ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=mask)
         assert ours.layer.cell.compute_dtype == "float16"
         assert ours.layer.cell.kernel.dtype == "float32"
     finally:
@@ -431,19 +479,7 @@ def test_rows_leave_the_loop_as_they_end(cell, wrapper, batch, monkeypatch):
     assert calls == [("shrinking", rows)] * n
     # The last block with rows (the full rows') has fewer than the first.
     assert rows[0] > rows[-2] > 0
-
-    def step(layer):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = layer(x, mask=tf.constant(mask))
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
-
-    with backends.record() as plans:
-        got, got_grads = tf.function(step)(ours)
-    assert kernels_of(plans) == {KERNEL}
-    want, want_grads = step(ref)
-    assert_same_step(got, got_grads, want, want_grads)
+    assert_same_in_tf_function(ours, ref, x, mask)
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -464,19 +500,7 @@ def test_one_loop_stops_at_the_longest_row(cell, wrapper, time, longest, monkeyp
         assert_matches(ours, ref, x, mask=mask)
     runs = [("tier", (whole_blocks(cell, longest), batch))]
     assert calls == runs * (2 if wrapper == "bidirectional" else 1)
-
-    def step(layer):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = layer(x, mask=tf.constant(mask))
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
-
-    with backends.record() as plans:
-        got, got_grads = tf.function(step)(ours)
-    assert kernels_of(plans) == {KERNEL}
-    want, want_grads = step(ref)
-    assert_same_step(got, got_grads, want, want_grads)
+    assert_same_in_tf_function(ours, ref, x, mask)
 
 
 @pytest.mark.parametrize(
@@ -556,17 +580,6 @@ def test_step_loops_run_once_are_traced_in_place(cell_name, batch, monkeypatch):
     x = tf.constant(inputs(7, batch=batch, time=time))
     mask = tf.constant(tier_mask(batch, time, seed=5))
 
-    def step(layer):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = layer(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
-
-    with backends.record() as plans:
-        got, got_grads = tf.function(step)(ours)
-    assert kernels_of(plans) == {KERNEL}
+    assert_same_in_tf_function(ours, ref, x, mask)
     for name, loop in loops.items():
         assert loop.experimental_get_tracing_count() == 0, name
-    want, want_grads = step(ref)
-    assert_same_step(got, got_grads, want, want_grads)

@@ -1,12 +1,13 @@
 """Keras' GRU and SimpleRNN in length tiers on TensorFlow: the `"tf-tiers"` kernel.
 
 On a CPU, where Keras' layer steps every row to the end, the rows of
-valid-first data run Keras' cell equations in a `tf.while_loop` over blocks
-of steps (`tensorflow_step_loops`), with a gradient of their own (docs/
-design.md, "Kernels, one per backend"). From `SHRINKING_ROWS` rows the rows,
-sorted by length, leave the loop as they end, each block projecting its
-rows' inputs; a smaller batch runs one tier of `tensorflow_tiers`: every row
-to the longest row's end, its inputs projected in one matmul.
+valid-first data run Keras' cell equations (`tensorflow_equations`) in a
+`tf.while_loop` over blocks of steps (`tensorflow_step_loops`), with a
+gradient of their own (docs/design.md, "Kernels, one per backend"). From
+`SHRINKING_ROWS` rows the rows, sorted by length, leave the loop as they
+end, each block projecting its rows' inputs; a smaller batch runs one tier
+of `tensorflow_tiers`: every row to the longest row's end, its inputs
+projected in one matmul.
 `decline_reason` declines other equations, a GPU, XLA, `portable()` and
 Keras' exporter.
 """
@@ -17,9 +18,10 @@ from keras import ops
 
 from maskedrnn import backends
 from maskedrnn.backends import Reason, preference
+from maskedrnn.backends import tensorflow_equations as equations
 from maskedrnn.backends import tensorflow_step_loops as step_loops
 from maskedrnn.backends import tensorflow_tiers as tiers
-from maskedrnn.backends.tensorflow_shapes import leading_shape, size
+from maskedrnn.backends.tensorflow_shapes import size
 
 KERNEL = "tf-tiers"
 DTYPES = ("float16", "float32", "float64")
@@ -110,27 +112,6 @@ def describe(inner):
     )
 
 
-def _flat_matmul(a, b, bias=None):
-    """`a @ b` (plus `bias`, where given) over the last axis of a 3-d `a`."""
-    out = tf.matmul(tf.reshape(a, [-1, a.shape[2]]), b)
-    if bias is not None:
-        out = tf.nn.bias_add(out, bias)
-    return tf.reshape(out, leading_shape(a, 2, [b.shape[1]]))
-
-
-def _sum_dtype(dtype):
-    """float32 for sums over half-precision steps, else `dtype`."""
-    return "float32" if dtype in (tf.float16, tf.bfloat16) else dtype
-
-
-def _sum_matmul(a, b):
-    """Sum over steps and rows of `a^T b`, in `_sum_dtype`."""
-    dtype = _sum_dtype(a.dtype)
-    a = tf.cast(tf.reshape(a, [-1, a.shape[-1]]), dtype)
-    b = tf.cast(tf.reshape(b, [-1, b.shape[-1]]), dtype)
-    return tf.matmul(a, b, transpose_a=True)
-
-
 # Steps per while_loop iteration (a block), sharing the loop's own ops:
 # the loops end on whole blocks (`tiers.run_tiers`' `block`), so they never
 # pad. Each step is traced into the loop's body, so a longer block costs
@@ -146,133 +127,10 @@ def _kind(cell):
     return "gru" if isinstance(cell, keras.layers.GRUCell) else "rnn"
 
 
-def _step_inputs(kind, xp, units):
-    """A step's inputs from the input projections `xp` `(..., width)`: a
-    GRU's gates (z, r) and candidate apart, a SimpleRNN's as they are."""
-    if kind == "gru":
-        return tf.split(xp, [2 * units, units], axis=-1)
-    return [xp]
-
-
-def _step(kind, u, bh, reset_after):
-    """One step of the cell, `step(h, inputs) -> (h, [h])`, on the inputs
-    of `_step_inputs`."""
-    units = u.shape[0]
-    if kind == "rnn":
-
-        def rnn_step(h, inputs):
-            h = tf.tanh(inputs[0] + tf.matmul(h, u))
-            return h, [h]
-
-        return rnn_step
-    if not reset_after:
-        u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
-
-    def gru_step(h, inputs):
-        x_zr, x_h = inputs
-        if reset_after:
-            hp = tf.nn.bias_add(tf.matmul(h, u), bh)
-            hp_zr, hp_h = tf.split(hp, [2 * units, units], axis=1)
-            z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=1)
-            hh = tf.tanh(x_h + r * hp_h)
-        else:
-            z, r = tf.split(tf.sigmoid(x_zr + tf.matmul(h, u_zr)), 2, axis=1)
-            hh = tf.tanh(x_h + tf.matmul(r * h, u_h))
-        # z * h + (1 - z) * hh, in one op fewer.
-        h = hh + z * (h - hh)
-        return h, [h]
-
-    return gru_step
-
-
-def _gru_grads(xs, h_prev, dhs, u, bh, reset_after, recur):
-    """The gradients of GRU steps: their gates recomputed from the step
-    inputs `xs` and states before each step `h_prev`, `dh` carried back by
-    `recur(step, seqs, widths) -> (dh0, outs)` (`seqs` the time-major
-    inputs of `step`). Returns `(dh0, d_xp, d_u, d_bh)`, the weights' in
-    `_sum_dtype`, `d_bh` None without reset_after (no recurrent bias)."""
-    units = u.shape[0]
-    dtype = h_prev.dtype
-    u_zr, u_h = tf.split(u, [2 * units, units], axis=1)
-    x_zr, x_h = xs
-    if reset_after:
-        hp_zr, hp_h = tf.split(_flat_matmul(h_prev, u, bh), [2 * units, units], 2)
-        z, r = tf.split(tf.sigmoid(x_zr + hp_zr), 2, axis=2)
-        hh = tf.tanh(x_h + r * hp_h)
-    else:
-        z, r = tf.split(tf.sigmoid(x_zr + _flat_matmul(h_prev, u_zr)), 2, axis=2)
-        rh = r * h_prev
-        hh = tf.tanh(x_h + _flat_matmul(rh, u_h))
-    # d(pre-activation) = g * coefficient, g the gradient of the step's h.
-    c_z = (h_prev - hh) * z * (1 - z)
-    c_h = (1 - z) * (1 - hh * hh)
-    if reset_after:
-        c_r = c_h * hp_h * r * (1 - r)
-        # The gradient of h U + c (the recurrent pre-activations).
-        c_rec = tf.concat([c_z, c_r, c_h * r], axis=2)
-        u_t = tf.transpose(u)
-
-        def step_after(dh, inputs):
-            dh_t, z_t, c_t = inputs
-            g = dh_t + dh
-            d_rec = tf.concat([g, g, g], axis=1) * c_t
-            return g * z_t + tf.matmul(d_rec, u_t), [g]
-
-        dh0, (g,) = recur(step_after, [dhs, z, c_rec], [units])
-        g3 = tf.concat([g, g, g], axis=2)
-        d_rec = g3 * c_rec
-        d_xp = g3 * tf.concat([c_z, c_r, c_h], axis=2)
-        d_bh = tf.reduce_sum(tf.cast(d_rec, _sum_dtype(dtype)), axis=(0, 1))
-        return dh0, d_xp, _sum_matmul(h_prev, d_rec), d_bh
-    c_r = h_prev * r * (1 - r)
-    u_zr_t, u_h_t = tf.transpose(u_zr), tf.transpose(u_h)
-
-    def step(dh, inputs):
-        dh_t, z_t, r_t, c_z_t, c_h_t, c_r_t = inputs
-        g = dh_t + dh
-        d_rh = tf.matmul(g * c_h_t, u_h_t)
-        d_r = d_rh * c_r_t
-        d_zr = tf.concat([g * c_z_t, d_r], axis=1)
-        return g * z_t + d_rh * r_t + tf.matmul(d_zr, u_zr_t), [g, d_r]
-
-    dh0, (g, d_r) = recur(step, [dhs, z, r, c_z, c_h, c_r], [units, units])
-    d_zr = tf.concat([g * c_z, d_r], axis=2)
-    d_h = g * c_h
-    d_u = tf.concat([_sum_matmul(h_prev, d_zr), _sum_matmul(rh, d_h)], axis=1)
-    return dh0, tf.concat([d_zr, d_h], axis=2), d_u, None
-
-
-def _rnn_grads(xs, h_prev, hs, dhs, u, recur):
-    """The gradients of SimpleRNN steps `h' = tanh(xp_t + h U)`, as
-    `_gru_grads`' (`hs` the states after each step; no `d_bh`)."""
-    del xs  # The outputs hold the activations.
-    units = u.shape[0]
-    u_t = tf.transpose(u)
-
-    def step(dh, inputs):
-        d = (inputs[0] + dh) * inputs[1]
-        return tf.matmul(d, u_t), [d]
-
-    dh0, (d,) = recur(step, [dhs, 1 - hs * hs], [units])
-    return dh0, d, _sum_matmul(h_prev, d), None
-
-
-def _grads(kind, xs, h_prev, hs, dhs, u, bh, reset_after, recur):
-    """`_gru_grads` or `_rnn_grads` for `kind`."""
-    if kind == "gru":
-        return _gru_grads(xs, h_prev, dhs, u, bh, reset_after, recur)
-    return _rnn_grads(xs, h_prev, hs, dhs, u, recur)
-
-
-def _states_before(h0, hs):
-    """The states before each step: `h0`, then `hs` but the last."""
-    return tf.concat([h0[None], hs], axis=0)[:-1]
-
-
 def _weight_grads(grads, dtype, bh):
-    """`grads` cast to `dtype`, `d_bh` zeros where `_grads` gave None (a
-    recurrent bias of zeros, whose gradient is never used), dropped where
-    the cell has none (`bh` None)."""
+    """`grads` cast to `dtype`, `d_bh` zeros where `equations.grads` gave
+    None (a recurrent bias of zeros, whose gradient is never used), dropped
+    where the cell has none (`bh` None)."""
     *others, d_bh = grads
     cast = [tf.cast(g, dtype) for g in others]
     if bh is None:
@@ -285,8 +143,8 @@ def _tier_forward(xp, h0, u, bh, kind, reset_after, blocks):
     one tier of rows: `xp` the input projections with their bias, `blocks`
     blocks of steps (`_BLOCKS`)."""
     units = u.shape[0]
-    step = _step(kind, u, bh, reset_after)
-    inputs = _step_inputs(kind, xp, units)
+    step = equations.step(kind, u, bh, reset_after)
+    inputs = equations.step_inputs(kind, xp, units)
     block = _BLOCKS[kind]
     return step_loops.scan(step, h0, inputs, [units], block, blocks)[1][0]
 
@@ -299,16 +157,12 @@ def _tier_backward(xp, h0, hs, dhs, u, bh, kind, reset_after, blocks):
         zeros = tf.zeros_like(h0)
         return step_loops.scan(step, zeros, seqs, widths, block, blocks, True)
 
-    xs = _step_inputs(kind, xp, u.shape[0])
-    h_prev = _states_before(h0, hs)
-    dh0, d_xp, *weights = _grads(kind, xs, h_prev, hs, dhs, u, bh, reset_after, recur)
+    xs = equations.step_inputs(kind, xp, u.shape[0])
+    h_prev = equations.states_before(h0, hs)
+    dh0, d_xp, *weights = equations.grads(
+        kind, xs, h_prev, hs, dhs, u, bh, reset_after, recur
+    )
     return [d_xp, dh0, *_weight_grads(weights, xp.dtype, bh)]
-
-
-def _project(x, kernel, b):
-    """The input projections of a block's steps `x` `(block, rows,
-    features)`: one matmul and its bias."""
-    return _flat_matmul(x, kernel, b)
 
 
 def _time_major(x, blocks_time):
@@ -350,9 +204,11 @@ def _shrinking_forward(
     h0s = h0 if zero_h0 else tf.gather(h0, order)
 
     def project(x_block):
-        return _step_inputs(kind, _project(x_block, kernel, b), units)
+        return equations.step_inputs(
+            kind, equations.flat_matmul(x_block, kernel, b), units
+        )
 
-    step = _step(kind, u, bh, reset_after)
+    step = equations.step(kind, u, bh, reset_after)
     hs = step_loops.shrinking_forward(xs, h0s, rows, project, step, block)
     return _batch_major(hs, inverse, time), xs, h0s, hs
 
@@ -366,7 +222,7 @@ def _shrinking_backward(
     only. `xs`, `h0s`, `hs`: what the forward returned after the outputs;
     `dy` the gradient w.r.t. the outputs, in the caller's order."""
     units, block = u.shape[0], _BLOCKS[kind]
-    dtype, sum_dtype = xs.dtype, _sum_dtype(xs.dtype)
+    dtype, sum_dtype = xs.dtype, equations.sum_dtype(xs.dtype)
     kernel_t = tf.transpose(kernel)
     with_bh = kind == "gru" and reset_after
     time = size(dy, 1)
@@ -378,16 +234,22 @@ def _shrinking_backward(
         def recur(step, seqs, widths):
             return step_loops.unrolled(step, dh, seqs, len(widths), block, True)
 
-        xp = _step_inputs(kind, _project(x_block, kernel, b), units)
-        dh, d_xp, d_u, d_bh = _grads(
+        xp = equations.step_inputs(
+            kind, equations.flat_matmul(x_block, kernel, b), units
+        )
+        dh, d_xp, d_u, d_bh = equations.grads(
             kind, xp, h_prev, hs_block, dhs_block, u, bh, reset_after, recur
         )
         terms = [
-            _sum_matmul(x_block, d_xp),
+            equations.sum_matmul(x_block, d_xp),
             tf.reduce_sum(tf.cast(d_xp, sum_dtype), axis=(0, 1)),
             d_u,
         ]
-        return dh, _flat_matmul(d_xp, kernel_t), terms + ([d_bh] if with_bh else [])
+        return (
+            dh,
+            equations.flat_matmul(d_xp, kernel_t),
+            terms + ([d_bh] if with_bh else []),
+        )
 
     width = kernel.shape[1]
     sums = [
@@ -395,7 +257,7 @@ def _shrinking_backward(
         tf.zeros((width,), sum_dtype),
         tf.zeros(u.shape, sum_dtype),
     ] + ([tf.zeros((width,), sum_dtype)] if with_bh else [])
-    seqs = [xs, _states_before(h0s, hs), hs, dhs]
+    seqs = [xs, equations.states_before(h0s, hs), hs, dhs]
     d_xs, dh0s, sums = step_loops.shrinking_backward(
         seqs, rows, grads, sums, xs.shape[2], units, block
     )
@@ -487,7 +349,7 @@ def _tier_segment(cell, dtype, shared):
     with_bh = bh is not None
 
     def segment(x_k, states, steps):
-        xp = _flat_matmul(x_k, kernel, b)
+        xp = equations.flat_matmul(x_k, kernel, b)
         blocks = steps // _BLOCKS[kind]
 
         @tf.custom_gradient
