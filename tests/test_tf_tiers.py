@@ -287,9 +287,9 @@ def test_mixed_precision_matches_keras(cell, batch):
 @pytest.mark.parametrize("jit_compile", [False, True])
 def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
     """Traced once with `None` batch and time sizes the tiers serve every
-    batch (empty, small, large: one tier, as for `ASSUMED_BATCH` rows); with
-    `jit_compile=True` the plan picks Keras' layer (recorded), same
-    results."""
+    batch (empty, small, large: one loop over every row, as for any batch
+    of unknown size); with `jit_compile=True` the plan picks Keras' layer
+    (recorded), same results."""
     ours, ref = pair(cell, "bidirectional")
     time = 6
 
@@ -327,6 +327,45 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
         for a, e in zip(list(outs) + grads, list(want) + want_grads):
             np.testing.assert_allclose(
                 to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"batch {batch}"
+            )
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_rows_leave_the_loop_with_time_unknown_to_the_trace(cell):
+    """A batch of 64 rows whose time size the trace does not know: rows
+    leave the loop as they end over every time size (one under a block,
+    a block and a half, an odd one), from one trace, with Keras' results."""
+    ours, ref = pair(cell, "rnn")
+    batch = 64
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec((batch, None, D)),
+            tf.TensorSpec((batch, None), tf.bool),
+        ],
+    )
+    def step(x, mask):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            outs = ours(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+
+    for time in [1, 3, 6, 9]:
+        x = tf.constant(inputs(time, batch=batch, time=time))
+        mask = tf.constant(tier_mask(batch, time, seed=time))
+        with backends.record() as plans:
+            outs, grads = step(x, mask)
+        if plans:  # traced on the first call only
+            assert kernels_of(plans) == {KERNEL}
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            want = ref(x, mask=mask)
+            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in want)
+        want_grads = tape.gradient(loss, [x] + ref.trainable_variables)
+        for a, e in zip(list(outs) + grads, list(want) + want_grads):
+            np.testing.assert_allclose(
+                to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"time {time}"
             )
     assert step.experimental_get_tracing_count() == 1
 

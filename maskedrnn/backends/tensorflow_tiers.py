@@ -2,13 +2,15 @@
 
 Rows of valid-first data, sorted by length, run in tiers (`run_tiers`): a
 group of rows leaves once its longest row has ended. The kernels differ in
-the `recurrence` that runs the tiers: the GRU and SimpleRNN run one
-`segment` per tier (`chained`), each with its own gradient; the LSTM runs
-every tier of a direction under one gradient.
+the `recurrence` that runs the tiers: the LSTM runs every tier of a
+direction under one gradient; the GRU and SimpleRNN run one tier
+(`one_tier`) where their rows do not leave their step loop one block of
+steps at a time (`block_rows`).
 
-The tier count comes from what is known at trace time (`tier_count`): tiers
-of at least a cell's `rows_per_tier` rows, a batch of unknown size taken as
-`ASSUMED_BATCH` rows. Both kernels decline the same cases (`decline_reason`).
+The LSTM's tier count comes from what is known at trace time
+(`tier_count`): tiers of at least `rows_per_tier` rows, a batch of unknown
+size taken as `ASSUMED_BATCH` rows. Both kernels decline the same cases
+(`decline_reason`).
 """
 
 import collections
@@ -25,7 +27,7 @@ from maskedrnn.backends.tensorflow_shapes import size
 
 # Each tier is one more recurrence to trace and optimise, paid again on
 # every first call: at most 4 tiers. An unknown batch counts as 32 rows
-# (2 LSTM tiers, 1 GRU or SimpleRNN tier).
+# (2 LSTM tiers).
 MAX_TIERS = 4
 ASSUMED_BATCH = 32
 
