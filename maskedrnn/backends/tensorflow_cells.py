@@ -273,10 +273,11 @@ def _shared_graph(function):
     return tf.function(function, autograph=False)
 
 
-# The step loops. Where a layer call runs one more than once (directions,
-# or tiers), each is traced once per process for every direction and
-# tf.function, and each call inlines a copy of that trace, optimised with
-# the graph around it; run once, its ops are traced in place. Eagerly they
+# The step loops. Where a layer call runs one more than once (both
+# directions of a MaskedBidirectional), each is traced once per process for
+# every direction and tf.function, and each call inlines a copy of that
+# trace, optimised with the graph around it; run once, its ops are traced
+# in place. Eagerly they
 # run as graphs, not as a Python loop of ops. They are written with
 # tf.while_loop, so autograph is off.
 _TIER_FORWARD = _shared_graph(_tier_forward)

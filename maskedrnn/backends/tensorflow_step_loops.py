@@ -14,9 +14,10 @@ traced into the loop's body (so the loop's own ops run once per block):
 
 The cell's equations come as functions: a `step(h, inputs) -> (h, outs)`
 and, for the shrinking loops, the projection of a block's inputs and the
-gradients of a block's steps (`tensorflow_cells`). Where a loop pads or
-leaves steps unrun, the caller ignores what they hold (steps past a row's
-length) or reads zeros (steps past every row).
+gradients of a block's steps (`tensorflow_cells`, on
+`tensorflow_equations`). Where a loop pads or leaves steps unrun, the
+caller ignores what they hold (steps past a row's length) or reads zeros
+(steps past every row).
 """
 
 import numpy as np
