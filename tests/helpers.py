@@ -284,6 +284,20 @@ def fresh_graphs(monkeypatch, module, names):
     return copies
 
 
+def sin_loss_step(layer, x, mask):
+    """`layer`'s outputs on `x` with `mask`, and the gradients of the sum of
+    `o * sin(o)` over every output `o` w.r.t. `x` and the layer's trainable
+    weights: a training step to run eagerly or trace in a `tf.function`.
+    TensorFlow only."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        outs = layer(x, mask=mask)
+        loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
+    return outs, tape.gradient(loss, [x] + layer.trainable_variables)
+
+
 def check_stacked_bidirectional(kind, batch, time, features, units):
     """Two stacked `MaskedBidirectional(kind)` layers of `units[0]` and
     `units[1]` units, run in one `tf.function` with a fixed weighting of

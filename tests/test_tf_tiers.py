@@ -28,6 +28,7 @@ from tests.helpers import (
     edge_mask,
     fresh_graphs,
     lengths_to_mask,
+    sin_loss_step,
     tier_mask,
     to_np,
 )
@@ -131,17 +132,10 @@ def assert_same_in_tf_function(ours, ref, x, mask):
     every row and step, to 1e-4)."""
     x, mask = tf.constant(x), tf.constant(mask)
 
-    def step(layer):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = layer(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + layer.trainable_variables)
-
     with backends.record() as plans:
-        got, got_grads = tf.function(step)(ours)
+        got, got_grads = tf.function(sin_loss_step)(ours, x, mask)
     assert kernels_of(plans) == {KERNEL}
-    want, want_grads = step(ref)
+    want, want_grads = sin_loss_step(ref, x, mask)
     for i, (a, e) in enumerate(zip(got, want)):
         np.testing.assert_allclose(
             to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"output {i}"
@@ -301,11 +295,7 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
         ],
     )
     def step(x, mask):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = ours(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+        return sin_loss_step(ours, x, mask)
 
     batches = [1, 3, 40] if jit_compile else [0, 1, 3, 40]
     for batch in batches:
@@ -319,11 +309,7 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
             assert [tuple(o.shape) for o in outs] == [(0, time, 2 * U), (0, U), (0, U)]
             assert not any(np.any(to_np(g)) for g in grads)
             continue
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            want = ref(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in want)
-        want_grads = tape.gradient(loss, [x] + ref.trainable_variables)
+        want, want_grads = sin_loss_step(ref, x, mask)
         for a, e in zip(list(outs) + grads, list(want) + want_grads):
             np.testing.assert_allclose(
                 to_np(a), to_np(e), atol=1e-5, rtol=1e-4, err_msg=f"batch {batch}"
@@ -345,11 +331,7 @@ def test_rows_leave_the_loop_with_time_unknown_to_the_trace(cell):
         ],
     )
     def step(x, mask):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            outs = ours(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in outs)
-        return outs, tape.gradient(loss, [x] + ours.trainable_variables)
+        return sin_loss_step(ours, x, mask)
 
     for time in [1, 3, 6, 9]:
         x = tf.constant(inputs(time, batch=batch, time=time))
@@ -358,11 +340,7 @@ def test_rows_leave_the_loop_with_time_unknown_to_the_trace(cell):
             outs, grads = step(x, mask)
         if plans:  # traced on the first call only
             assert kernels_of(plans) == {KERNEL}
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            want = ref(x, mask=mask)
-            loss = sum(tf.reduce_sum(o * tf.sin(o)) for o in want)
-        want_grads = tape.gradient(loss, [x] + ref.trainable_variables)
+        want, want_grads = sin_loss_step(ref, x, mask)
         for a, e in zip(list(outs) + grads, list(want) + want_grads):
             np.testing.assert_allclose(
                 to_np(a), to_np(e), atol=1e-4, rtol=1e-4, err_msg=f"time {time}"
