@@ -380,7 +380,7 @@ def _run_shrinking(cell, dtype, shared, x, h0, steps):
     block = _BLOCKS[kind]
     if b is None:
         b = tf.zeros((kernel.shape[1],), dtype)
-    lengths, order, inverse = tiers.sorted_lengths(steps, x.shape[0], 2)
+    lengths, order, inverse = tiers.sorted_lengths(steps, x.shape[0], sort=True)
     blocks_time = tiers.whole(size(x, 1), block)
     rows = steps.shared(
         ("tf-block-rows", block),

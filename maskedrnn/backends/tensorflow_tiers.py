@@ -154,7 +154,7 @@ def run_tiers(x, states, steps, recurrence, tiers, want_states, block=1):
     # Tier k ends where the longest row of those after it ends: a trailing
     # 0 for the last tier, which holds every row.
     rows = [batch * (tiers - k) // tiers for k in range(tiers + 1)]
-    lengths, order, inverse = sorted_lengths(steps, batch, tiers)
+    lengths, order, inverse = sorted_lengths(steps, batch, sort=tiers > 1)
     if order is not None:
         x = _permute_rows(x, order, inverse)
         states = [_permute_rows(s, order, inverse) for s in states]
@@ -268,12 +268,12 @@ def whole(steps, block):
     return steps if block == 1 else (steps + (block - 1)) // block * block
 
 
-def sorted_lengths(steps, batch, tiers):
+def sorted_lengths(steps, batch, sort):
     """`(lengths, order, inverse)`: int32 `lengths` sorted longest first,
-    the sort's permutation and its inverse; for one tier the lengths as
+    the sort's permutation and its inverse; without `sort` the lengths as
     they are and None twice. Sorted once per call, for every direction."""
     lengths = steps.shared("tf-lengths", lambda: tf.cast(steps.lengths, "int32"))
-    if tiers == 1:
+    if not sort:
         return lengths, None, None
 
     def sort():
