@@ -601,3 +601,26 @@ def test_exported_from_the_package():
     assert maskedrnn.MaskedRNN is MaskedRNN
     assert maskedrnn.layers.MaskedRNN is MaskedRNN
     assert "MaskedRNN" in maskedrnn.__all__
+
+
+def test_building_imports_the_backends_code():
+    """Building a layer imports this package's code for the Keras backend in
+    use, so a first call's trace does not pay for the import."""
+    script = (
+        "import sys, keras\n"
+        "from maskedrnn import MaskedBidirectional, MaskedRNN\n"
+        "name = 'maskedrnn.backends.' + keras.backend.backend()\n"
+        "for wrap in (MaskedRNN, MaskedBidirectional):\n"
+        "    for m in [m for m in sys.modules if m.startswith(name)]:\n"
+        "        del sys.modules[m]\n"
+        "    import maskedrnn.backends as b; b._MODULES.clear()\n"
+        "    layer = wrap(keras.layers.GRU(2))\n"
+        "    before = name in sys.modules\n"
+        "    layer.build((None, 3, 1))\n"
+        "    print(wrap.__name__, before, name in sys.modules)\n"
+    )
+    out = run_python(["-c", script], BACKEND)
+    assert out.split("\n")[:2] == [
+        "MaskedRNN False True",
+        "MaskedBidirectional False True",
+    ]

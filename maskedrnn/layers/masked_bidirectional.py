@@ -140,6 +140,7 @@ class MaskedBidirectional(MaskedWrapper):
     def build(self, inputs_shape, initial_state_shape=None, lengths_shape=None):
         inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedBidirectional")
         self._input_features = inputs_shape[-1]
+        self._load_backend()
         if not self.forward_layer.built:
             self.forward_layer.build(inputs_shape)
         if not self.backward_layer.built:

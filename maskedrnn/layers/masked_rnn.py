@@ -101,6 +101,7 @@ class MaskedRNN(MaskedWrapper):
     def build(self, inputs_shape, initial_state_shape=None, lengths_shape=None):
         inputs_shape = _checks.check_input_shape(inputs_shape, "MaskedRNN")
         self._input_features = inputs_shape[-1]
+        self._load_backend()
         if not self.layer.built:
             self.layer.build(inputs_shape)
 

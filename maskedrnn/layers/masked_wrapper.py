@@ -20,6 +20,14 @@ class MaskedWrapper(keras.layers.Layer):
     `compute_output_shape`, `_inners()` (`{key: inner RNN}` in direction
     order) and `call`."""
 
+    def _load_backend(self):
+        """Imports this package's code for the Keras backend in use (once
+        per process), when the layer is built rather than in its first
+        call, so that the first call's trace holds only the layer's own
+        work, as Keras' layers' does (Keras imports its backend's RNN code
+        with Keras)."""
+        backends.current()
+
     def _plan(self, where, masked=True, training=None):
         """The `maskedrnn.backends.Plan` of a call with inputs on the device
         of `where` (None: the default device)."""
