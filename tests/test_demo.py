@@ -42,7 +42,9 @@ def distance(tmp_path_factory):
     return results, path
 
 
-# Each `Model.fit` of a demo run: (model name, optimizer built when it began).
+# Each `Model.fit` of a demo run: (model name, optimizer built when it
+# began, the shapes of its input and of its logits layer's kernel, its batch
+# size).
 VOWELS_FITS = []
 
 
@@ -51,7 +53,9 @@ def vowels():
     real = keras.Model.fit
 
     def fit(self, *args, **kwargs):
-        VOWELS_FITS.append((self.name, self.optimizer.built))
+        shapes = (tuple(self.input_shape), tuple(self.get_layer("logits").kernel.shape))
+        batch = kwargs["batch_size"]
+        VOWELS_FITS.append((self.name, self.optimizer.built, shapes, batch))
         return real(self, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -142,13 +146,17 @@ def test_vowels_ours_matches_keras_masked(vowels):
 
 @pytest.mark.on_backends("torch")  # the demo's own code, no layer's
 def test_first_epochs_are_timed_after_a_warm_up_with_optimizers_built(vowels):
-    """A small model is fitted first, and each compared model's optimizer
-    is built before its fit: the first epochs hold no first-fit costs of
-    the process or of the optimizer's variables."""
+    """A model of what the compared models share is fitted first, on their
+    input shape and batch size with their logits layer's shape, and each
+    compared model's optimizer is built before its fit: the first epochs
+    hold no first-fit costs of the process, of what the models share, or of
+    the optimizer's variables."""
     assert VOWELS_FITS[0][0] == "warm_up"
+    _, _, warm_shapes, warm_batch = VOWELS_FITS[0]
     compared = VOWELS_FITS[1:]
-    assert [name for name, _ in compared] == list(demo.MODEL_NAMES)
-    assert all(built for _, built in compared)
+    assert [fit[0] for fit in compared] == list(demo.MODEL_NAMES)
+    assert all(fit[1] for fit in compared)
+    assert all(fit[2:] == (warm_shapes, warm_batch) for fit in compared)
 
 
 @pytest.mark.parametrize("padding", ["pre", "post"])

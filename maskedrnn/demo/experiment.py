@@ -101,9 +101,11 @@ def run_demo(
           with the extra padding), `"extra_padding_max_abs_diff"` (max
           absolute change of the softmax probabilities caused by the extra
           padding, over valid steps), `"first_epoch_s"` (seconds, including
-          tracing/compilation; after a warm-up fit of a small Dense model,
+          tracing/compilation; after a warm-up fit of a model made of
+          what the three share, with a `Dense` layer in the RNN's place,
           and with the model's optimizer built before the clock starts, so
-          that what a process pays once falls on no model in particular),
+          that what a process pays once, and what the three models share,
+          falls on no model in particular),
           `"epoch_s"` (mean seconds of the later
           epochs; the first epoch's time when `epochs == 1`),
           `"train_loss"` and `"train_accuracy"` (last epoch, as logged by
@@ -178,7 +180,7 @@ def _run(task, padding, seed, quick, settings, verbose, torch_threads):
     x_test_more = pad_more(data["x_test"], extra, padding)
     original_steps = pad_more(np.ones_like(data["valid_test"]), extra, padding)
     per_model = {}
-    warm_up(settings["learning_rate"])
+    warm_up(task, data, units, layer, settings["learning_rate"], batch_size)
     for kind in names:
         model = models[kind]
         compile_model(model, task, settings["learning_rate"])
