@@ -298,6 +298,47 @@ def sin_loss_step(layer, x, mask):
     return outs, tape.gradient(loss, [x] + layer.trainable_variables)
 
 
+def tf_outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
+    """`layer`'s outputs on `x`, and the gradients of a fixed random
+    weighting of all of them (in float64) w.r.t. `x`, the initial states and
+    every trainable weight. TensorFlow only."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(11)
+    x = tf.constant(x)
+    init = None if initial_state is None else [tf.constant(s) for s in initial_state]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        if init is not None:
+            tape.watch(init)
+        outs = layer(x, initial_state=init, **call_kwargs)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        loss = 0.0
+        for o in outs:
+            weight = rng.standard_normal(tuple(o.shape))
+            loss += tf.reduce_sum(tf.cast(o, "float64") * weight)
+    sources = [x] + (init or []) + list(layer.trainable_variables)
+    grads = tape.gradient(loss, sources)
+    return to_np(outs), [to_np(g) for g in grads]
+
+
+def assert_tf_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
+    """Asserts `ours` and its oracle `ref` agree on `x` (both called with
+    `kw`): outputs of the same dtype, and finite gradients of the same
+    weighted loss (`tf_outputs_and_grads`). TensorFlow only."""
+    got, got_grads = tf_outputs_and_grads(ours, x, **kw)
+    want, want_grads = tf_outputs_and_grads(ref, x, **kw)
+    assert len(got) == len(want) and len(got_grads) == len(want_grads)
+    for i, (a, e) in enumerate(zip(got, want)):
+        assert a.dtype == e.dtype, f"output {i}"
+        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=f"output {i}")
+    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
+        assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
+        np.testing.assert_allclose(
+            a, e, atol=10 * atol, rtol=grad_rtol, err_msg=f"gradient {i}"
+        )
+
+
 def check_stacked_bidirectional(kind, batch, time, features, units):
     """Two stacked `MaskedBidirectional(kind)` layers of `units[0]` and
     `units[1]` units, run in one `tf.function` with a fixed weighting of

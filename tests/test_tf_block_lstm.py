@@ -20,6 +20,7 @@ import pytest
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from tests.helpers import (
     BACKEND,
+    assert_tf_matches,
     check_declined_contexts,
     check_stacked_bidirectional,
     edge_mask,
@@ -27,6 +28,7 @@ from tests.helpers import (
     lengths_to_mask,
     record_calls,
     sin_loss_step,
+    tf_outputs_and_grads,
     tier_mask,
     to_np,
 )
@@ -75,40 +77,6 @@ def pair(wrapper, merge_mode="concat", go_backwards=False, **kw):
     return ours, ref
 
 
-def outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
-    """Outputs, and the gradients of a fixed random weighting of all of
-    them w.r.t. `x`, the initial states and every trainable weight."""
-    rng = np.random.default_rng(11)
-    x = tf.constant(x)
-    init = None if initial_state is None else [tf.constant(s) for s in initial_state]
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        if init is not None:
-            tape.watch(init)
-        outs = layer(x, initial_state=init, **call_kwargs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        loss = 0.0
-        for o in outs:
-            weight = rng.standard_normal(tuple(o.shape)).astype("float32")
-            loss += tf.reduce_sum(tf.cast(o, "float32") * weight)
-    sources = [x] + (init or []) + list(layer.trainable_variables)
-    grads = tape.gradient(loss, sources)
-    return to_np(outs), [to_np(g) for g in grads]
-
-
-def assert_matches(ours, ref, x, atol=1e-5, **kw):
-    got, got_grads = outputs_and_grads(ours, x, **kw)
-    want, want_grads = outputs_and_grads(ref, x, **kw)
-    assert len(got) == len(want) and len(got_grads) == len(want_grads)
-    for i, (a, e) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=f"output {i}")
-    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
-        assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
-        np.testing.assert_allclose(
-            a, e, atol=10 * atol, rtol=1e-4, err_msg=f"gradient {i}"
-        )
-
-
 def kernels_of(plans):
     return {d.kernel for p in plans for d in p.directions}
 
@@ -128,14 +96,14 @@ def how(request):
 @pytest.mark.parametrize("merge_mode", MERGE_MODES)
 def test_bidirectional_matches_keras_with_every_mask_pattern(merge_mode, how):
     ours, ref = pair("bidirectional", merge_mode=merge_mode)
-    assert_matches(ours, ref, inputs(), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
 def test_initial_state_and_its_gradient(wrapper, how):
     ours, ref = pair(wrapper)
     init = states_for(ours)
-    assert_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
 
 
 @pytest.mark.parametrize("go_backwards", [False, True])
@@ -144,7 +112,7 @@ def test_masked_rnn_matches_keras(go_backwards, zero_output_for_mask, how):
     ours, ref = pair(
         "rnn", go_backwards=go_backwards, zero_output_for_mask=zero_output_for_mask
     )
-    assert_matches(ours, ref, inputs(2), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(2), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -153,8 +121,8 @@ def test_lengths_equal_their_right_padded_mask(wrapper, lengths, how):
     """With every row shorter than the time axis the op runs fewer steps
     (`seq_len_max`); with every row empty it runs none."""
     ours, ref = pair(wrapper)
-    got, got_grads = outputs_and_grads(ours, inputs(3), lengths=lengths)
-    want, want_grads = outputs_and_grads(
+    got, got_grads = tf_outputs_and_grads(ours, inputs(3), lengths=lengths)
+    want, want_grads = tf_outputs_and_grads(
         ref, inputs(3), mask=lengths_to_mask(lengths, T)
     )
     for a, e in zip(got + got_grads, want + want_grads):
@@ -167,12 +135,12 @@ def test_without_states_and_last_output_only(how):
     ref.build((None, None, D))
     ours.build((None, None, D))
     ours.set_weights(ref.get_weights())
-    assert_matches(ours, ref, inputs(4), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(4), mask=edge_mask())
 
 
 def test_no_bias_runs_with_a_zero_bias(how):
     ours, ref = pair("bidirectional", use_bias=False)
-    assert_matches(ours, ref, inputs(5), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(5), mask=edge_mask())
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -210,7 +178,7 @@ def test_mixed_precision_matches_keras():
     try:
         ours, ref = pair("bidirectional")
         with backends.record() as plans:
-            assert_matches(ours, ref, inputs(7), atol=5e-3, mask=edge_mask())
+            assert_tf_matches(ours, ref, inputs(7), atol=5e-3, mask=edge_mask())
     finally:
         keras.config.set_dtype_policy(previous)
     assert kernels_of(plans) == {KERNEL}
@@ -274,7 +242,7 @@ def test_declined_cases_raise_when_forced_and_unroll_only_prefers():
         ours(x, mask=mask)
     assert KERNEL not in kernels_of(plans)
     with backends.force(KERNEL):
-        assert_matches(ours, ref, x, mask=mask)
+        assert_tf_matches(ours, ref, x, mask=mask)
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -325,7 +293,7 @@ def test_rows_run_in_tiers_by_length(wrapper, batch, tiers, monkeypatch):
     n = 4 if wrapper == "bidirectional" else 2
     init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
     with backends.force(KERNEL):
-        assert_matches(ours, ref, x.astype("float32"), initial_state=init, mask=mask)
+        assert_tf_matches(ours, ref, x.astype("float32"), initial_state=init, mask=mask)
     directions = 2 if wrapper == "bidirectional" else 1
     calls = sizes()
     assert len(calls) == tiers * directions
@@ -387,8 +355,8 @@ def test_tiers_with_steps_to_skip_or_none(lengths, monkeypatch):
     ours, ref = pair("rnn")
     sizes = tier_sizes(monkeypatch)
     x = np.random.default_rng(3).standard_normal((batch, T, D)).astype("float32")
-    got, got_grads = outputs_and_grads(ours, x, lengths=lengths)
-    want, want_grads = outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
+    got, got_grads = tf_outputs_and_grads(ours, x, lengths=lengths)
+    want, want_grads = tf_outputs_and_grads(ref, x, mask=lengths_to_mask(lengths, T))
     for a, e in zip(got + got_grads, want + want_grads):
         np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-4)
     assert len(sizes()) == 3 and sum(t for t, _ in sizes()) == lengths.max()
@@ -446,7 +414,7 @@ def test_mixed_precision_in_tiers():
         ours, ref = pair("rnn")
         x = np.random.default_rng(4).standard_normal((32, T, D)).astype("float32")
         with backends.force(KERNEL):
-            assert_matches(ours, ref, x, atol=5e-3, mask=tier_mask(32, T, seed=4))
+            assert_tf_matches(ours, ref, x, atol=5e-3, mask=tier_mask(32, T, seed=4))
     finally:
         keras.config.set_dtype_policy(previous)
 
@@ -468,7 +436,7 @@ def test_eager_gradients_over_several_shapes():
         x = np.random.default_rng(batch).standard_normal((batch, time, features))
         mask = tier_mask(batch, time, seed=1)
         with backends.force(KERNEL):
-            assert_matches(ours, ref, x.astype("float32"), mask=mask)
+            assert_tf_matches(ours, ref, x.astype("float32"), mask=mask)
 
 
 @pytest.mark.parametrize("batch, called", [(20, False), (37, True)])

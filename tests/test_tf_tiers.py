@@ -23,12 +23,14 @@ import pytest
 from maskedrnn import MaskedBidirectional, MaskedRNN, backends
 from tests.helpers import (
     BACKEND,
+    assert_tf_matches,
     check_declined_contexts,
     check_stacked_bidirectional,
     edge_mask,
     fresh_graphs,
     lengths_to_mask,
     sin_loss_step,
+    tf_outputs_and_grads,
     tier_mask,
     to_np,
 )
@@ -90,41 +92,6 @@ def pair(cell, wrapper, merge_mode="concat", go_backwards=False, dtype=None, **k
     return ours, ref
 
 
-def outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
-    """Outputs, and the gradients of a fixed random weighting of all of
-    them w.r.t. `x`, the initial states and every trainable weight."""
-    rng = np.random.default_rng(11)
-    x = tf.constant(x)
-    init = None if initial_state is None else [tf.constant(s) for s in initial_state]
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        if init is not None:
-            tape.watch(init)
-        outs = layer(x, initial_state=init, **call_kwargs)
-        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        loss = 0.0
-        for o in outs:
-            weight = rng.standard_normal(tuple(o.shape))
-            loss += tf.reduce_sum(tf.cast(o, "float64") * weight)
-    sources = [x] + (init or []) + list(layer.trainable_variables)
-    grads = tape.gradient(loss, sources)
-    return to_np(outs), [to_np(g) for g in grads]
-
-
-def assert_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
-    got, got_grads = outputs_and_grads(ours, x, **kw)
-    want, want_grads = outputs_and_grads(ref, x, **kw)
-    assert len(got) == len(want) and len(got_grads) == len(want_grads)
-    for i, (a, e) in enumerate(zip(got, want)):
-        assert a.dtype == e.dtype, f"output {i}"
-        np.testing.assert_allclose(a, e, atol=atol, rtol=1e-5, err_msg=f"output {i}")
-    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
-        assert a is not None and np.all(np.isfinite(a)), f"gradient {i}"
-        np.testing.assert_allclose(
-            a, e, atol=10 * atol, rtol=grad_rtol, err_msg=f"gradient {i}"
-        )
-
-
 def assert_same_in_tf_function(ours, ref, x, mask):
     """A training step of `ours` in a `tf.function` (the tiers running, as
     `backends.record()` reads) gives the outputs and gradients w.r.t. `x`
@@ -165,7 +132,7 @@ def how(request):
 @pytest.mark.parametrize("merge_mode", MERGE_MODES)
 def test_bidirectional_matches_keras_with_every_mask_pattern(cell, merge_mode, how):
     ours, ref = pair(cell, "bidirectional", merge_mode=merge_mode)
-    assert_matches(ours, ref, inputs(), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -174,7 +141,7 @@ def test_initial_state_and_its_gradient(cell, wrapper, how):
     n = 2 if wrapper == "bidirectional" else 1
     rng = np.random.default_rng(5)
     init = [rng.standard_normal((B, U)).astype("float32") for _ in range(n)]
-    assert_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(1), initial_state=init, mask=edge_mask())
 
 
 @pytest.mark.parametrize("batch", [24, 64])
@@ -214,7 +181,7 @@ def test_masked_rnn_matches_keras(cell, go_backwards, zero_output_for_mask, how)
         go_backwards=go_backwards,
         zero_output_for_mask=zero_output_for_mask,
     )
-    assert_matches(ours, ref, inputs(2), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(2), mask=edge_mask())
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
@@ -224,8 +191,8 @@ def test_lengths_equal_their_right_padded_mask(cell, wrapper, lengths, how):
     empty: none."""
     lengths = np.array(lengths, "int32")
     ours, ref = pair(cell, wrapper)
-    got, got_grads = outputs_and_grads(ours, inputs(3), lengths=lengths)
-    want, want_grads = outputs_and_grads(
+    got, got_grads = tf_outputs_and_grads(ours, inputs(3), lengths=lengths)
+    want, want_grads = tf_outputs_and_grads(
         ref, inputs(3), mask=lengths_to_mask(lengths, T)
     )
     for a, e in zip(got + got_grads, want + want_grads):
@@ -234,13 +201,13 @@ def test_lengths_equal_their_right_padded_mask(cell, wrapper, lengths, how):
 
 def test_no_bias_and_last_output_only(cell, how):
     ours, ref = pair(cell, "bidirectional", use_bias=False)
-    assert_matches(ours, ref, inputs(5), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(5), mask=edge_mask())
     ours = MaskedBidirectional(inner(cell))
     ref = keras.layers.Bidirectional(inner(cell, True))
     ref.build((None, None, D))
     ours.build((None, None, D))
     ours.set_weights(ref.get_weights())
-    assert_matches(ours, ref, inputs(4), mask=edge_mask())
+    assert_tf_matches(ours, ref, inputs(4), mask=edge_mask())
 
 
 # One loop over every row, and rows leaving the loop as they end.
@@ -254,7 +221,7 @@ def test_float64_matches_keras(cell, batch, how):
     ours, ref = pair(cell, "bidirectional", dtype="float64")
     x = inputs(6, batch=batch, dtype="float64")
     mask = tier_mask(batch, T, seed=6)
-    assert_matches(ours, ref, x, atol=1e-12, mask=mask)
+    assert_tf_matches(ours, ref, x, atol=1e-12, mask=mask)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
@@ -270,7 +237,7 @@ def test_mixed_precision_matches_keras(cell, batch):
         with backends.record() as plans:
             # Keras adds the steps' weight gradients one by one in float16,
             # ours sums them at once: they differ by float16's rounding.
-            assert_matches(ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=mask)
+            assert_tf_matches(ours, ref, x, atol=5e-3, grad_rtol=1e-2, mask=mask)
         assert ours.layer.cell.compute_dtype == "float16"
         assert ours.layer.cell.kernel.dtype == "float32"
     finally:
@@ -419,7 +386,7 @@ def test_declined_cases_raise_when_forced(cell):
         ours(x, mask=mask)
     assert KERNEL not in kernels_of(plans)
     with backends.force(KERNEL):
-        assert_matches(ours, ref, x, mask=mask)
+        assert_tf_matches(ours, ref, x, mask=mask)
 
 
 def test_declined_under_xla_and_in_portable_block(cell):
@@ -491,7 +458,7 @@ def test_rows_leave_the_loop_as_they_end(cell, wrapper, batch, monkeypatch):
     n = 2 if wrapper == "bidirectional" else 1
     init = [rng.standard_normal((batch, U)).astype("float32") for _ in range(n)]
     with backends.force(KERNEL):
-        assert_matches(ours, ref, x, initial_state=init, mask=mask)
+        assert_tf_matches(ours, ref, x, initial_state=init, mask=mask)
     rows = expected_block_rows(cell, mask.sum(1), time)
     assert calls == [("shrinking", rows)] * n
     # The last block with rows (the full rows') has fewer than the first.
@@ -514,7 +481,7 @@ def test_one_loop_stops_at_the_longest_row(cell, wrapper, time, longest, monkeyp
     mask = np.zeros((batch, time), bool)
     mask[:, :longest] = tier_mask(batch, longest, seed=3)
     with backends.force(KERNEL):
-        assert_matches(ours, ref, x, mask=mask)
+        assert_tf_matches(ours, ref, x, mask=mask)
     runs = [("tier", (whole_blocks(cell, longest), batch))]
     assert calls == runs * (2 if wrapper == "bidirectional" else 1)
     assert_same_in_tf_function(ours, ref, x, mask)
@@ -537,8 +504,8 @@ def test_shrinking_rows_with_steps_to_skip_or_none(cell, lengths, monkeypatch):
     calls = loop_calls(monkeypatch)
     x = inputs(3, batch=batch)
     init = [np.random.default_rng(2).standard_normal((batch, U)).astype("float32")]
-    got, got_grads = outputs_and_grads(ours, x, initial_state=init, lengths=lengths)
-    want, want_grads = outputs_and_grads(
+    got, got_grads = tf_outputs_and_grads(ours, x, initial_state=init, lengths=lengths)
+    want, want_grads = tf_outputs_and_grads(
         ref, x, initial_state=init, mask=lengths_to_mask(lengths, T)
     )
     for a, e in zip(got + got_grads, want + want_grads):
@@ -553,7 +520,7 @@ def test_eager_gradients_over_several_shapes(cell):
         ours, ref = pair(cell, "rnn")
         x = inputs(batch, batch=batch, time=time)
         with backends.force(KERNEL):
-            assert_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))
+            assert_tf_matches(ours, ref, x, mask=tier_mask(batch, time, seed=1))
 
 
 def step_loops(monkeypatch, cell_name):
