@@ -298,6 +298,25 @@ def sin_loss_step(layer, x, mask):
     return outs, tape.gradient(loss, [x] + layer.trainable_variables)
 
 
+def traced_sin_loss_step(layer, batch, features, jit_compile=None):
+    """`sin_loss_step` of `layer` in one `tf.function` over inputs of
+    `batch` rows (None: unknown to the trace), any number of steps and
+    `features` features, and their bool mask. TensorFlow only."""
+    import tensorflow as tf
+
+    @tf.function(
+        jit_compile=jit_compile,
+        input_signature=[
+            tf.TensorSpec((batch, None, features)),
+            tf.TensorSpec((batch, None), tf.bool),
+        ],
+    )
+    def step(x, mask):
+        return sin_loss_step(layer, x, mask)
+
+    return step
+
+
 def tf_outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
     """`layer`'s outputs on `x`, and the gradients of a fixed random
     weighting of all of them (in float64) w.r.t. `x`, the initial states and

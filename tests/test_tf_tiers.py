@@ -33,6 +33,7 @@ from tests.helpers import (
     tf_outputs_and_grads,
     tier_mask,
     to_np,
+    traced_sin_loss_step,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -254,15 +255,7 @@ def test_in_tf_function_with_unknown_batch_and_time(cell, jit_compile):
     ours, ref = pair(cell, "bidirectional")
     time = 6
 
-    @tf.function(
-        jit_compile=jit_compile,
-        input_signature=[
-            tf.TensorSpec((None, None, D)),
-            tf.TensorSpec((None, None), tf.bool),
-        ],
-    )
-    def step(x, mask):
-        return sin_loss_step(ours, x, mask)
+    step = traced_sin_loss_step(ours, None, D, jit_compile=jit_compile)
 
     batches = [1, 3, 40] if jit_compile else [0, 1, 3, 40]
     for batch in batches:
@@ -291,14 +284,7 @@ def test_rows_leave_the_loop_with_time_unknown_to_the_trace(cell):
     ours, ref = pair(cell, "rnn")
     batch = 64
 
-    @tf.function(
-        input_signature=[
-            tf.TensorSpec((batch, None, D)),
-            tf.TensorSpec((batch, None), tf.bool),
-        ],
-    )
-    def step(x, mask):
-        return sin_loss_step(ours, x, mask)
+    step = traced_sin_loss_step(ours, batch, D)
 
     for time in [1, 3, 6, 9]:
         x = tf.constant(inputs(time, batch=batch, time=time))
