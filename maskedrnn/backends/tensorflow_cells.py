@@ -342,7 +342,7 @@ def _weights(cell, dtype):
 
 
 def _tier_segment(cell, dtype, shared):
-    """The `segment` of `tiers.chained` running `cell` over one tier, its
+    """The `segment` of `tiers.one_tier` running `cell` over one tier, its
     step loops the shared graphs where `shared`."""
     kernel, b, u, bh = _weights(cell, dtype)
     kind = _kind(cell)
