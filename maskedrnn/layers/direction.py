@@ -35,8 +35,9 @@ def valid_first_zeroed(x, steps):
 
 
 def zero_where_masked(x, mask):
-    """`x` with zeros at every step where the `(batch, time)` `mask` is False."""
-    return ops.where(ops.expand_dims(mask, -1), x, ops.zeros_like(x))
+    """`x` with zeros at every step where the `(batch, time)` `mask` is False:
+    a select against a scalar zero, so no tensor of zeros is made."""
+    return ops.where(ops.expand_dims(mask, -1), x, ops.zeros((), x.dtype))
 
 
 def zero_masked_inputs(x, mask):
@@ -44,7 +45,7 @@ def zero_masked_inputs(x, mask):
     into the transpose Keras' step loop starts with."""
     time_major = ops.transpose(x, (1, 0, 2))
     mask = ops.expand_dims(ops.transpose(mask, (1, 0)), -1)
-    time_major = ops.where(mask, time_major, ops.zeros_like(time_major))
+    time_major = ops.where(mask, time_major, ops.zeros((), x.dtype))
     return ops.transpose(time_major, (1, 0, 2))
 
 
