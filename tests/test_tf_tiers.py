@@ -453,6 +453,32 @@ def test_rows_leave_the_loop_as_they_end(cell, wrapper, batch, monkeypatch):
 
 
 @pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
+def test_rows_leaving_the_loop_never_read_what_padding_holds(cell, wrapper):
+    """From 64 rows, padding holding 3e38, inf or NaN gives the outputs and
+    gradients of zero padding, all finite: a row of odd length reads one
+    padded step in its last loop iteration (two steps each), zeroed before
+    the rows are sorted."""
+    batch, time = 64, 9
+    ours, ref = pair(cell, wrapper)
+    mask = tier_mask(batch, time, seed=5)
+    clean = inputs(5, batch=batch, time=time)
+    clean[~mask] = 0.0
+    x = clean.copy()
+    pads = np.array([3e38, np.inf, -np.inf, np.nan], "float32")
+    x[~mask] = np.resize(pads, (~mask).sum())[:, None]
+    with backends.force(KERNEL):
+        got, got_grads = tf_outputs_and_grads(ours, x, mask=mask)
+    want, want_grads = tf_outputs_and_grads(ref, clean, mask=mask)
+    for i, (a, e) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, e, atol=1e-5, rtol=1e-5, err_msg=f"output {i}")
+    for i, (a, e) in enumerate(zip(got_grads, want_grads)):
+        assert np.all(np.isfinite(a)), f"gradient {i}"
+        np.testing.assert_allclose(
+            a, e, atol=1e-4, rtol=1e-4, err_msg=f"gradient {i}"
+        )
+
+
+@pytest.mark.parametrize("wrapper", ["bidirectional", "rnn"])
 @pytest.mark.parametrize("time, longest", [(8, 5), (9, 5), (9, 9), (9, 0)])
 def test_one_loop_stops_at_the_longest_row(cell, wrapper, time, longest, monkeypatch):
     """Under 64 rows, one loop runs every row for the fewest whole loop

@@ -24,14 +24,15 @@ def zero_padding(x, steps):
     return zero_where_masked(x, steps.valid)
 
 
-def valid_first_zeroed(x, steps):
-    """`x` valid-first with zeros at every padded position (the input of the
-    one-call kernels)."""
-    if not steps.masked:
-        return x
-    if steps.order is None:
-        return zero_padding(x, steps)
-    return gather_or_zero(x, steps.order, steps.valid)
+def valid_first_zeroed(x, steps, kernels):
+    """`x` valid-first with zeros at padded steps: the input of every
+    direction `kernels` run (`run`, the one-call kernels). The zeros are set
+    once, in the caller's order, before the gather moves them to each row's
+    tail (a backward direction's reversal by length keeps them there). Only
+    the packed kernel reads no padded step: run alone, it gets none."""
+    if steps.masked and any(k != "torch-packed" for k in kernels):
+        x = zero_where_masked(x, steps.mask)
+    return steps.valid_first(x)
 
 
 def zero_where_masked(x, mask):
@@ -70,13 +71,11 @@ def run_masked_loop(inner, x, mask, initial_state=None, training=None):
 
 
 def run(kernel, inner, x, steps, initial_state=None, training=None, want_states=True):
-    """Runs `inner` over valid-first `x` with the kernel `kernel`; returns
-    `(outputs, states)`: outputs exact at each row's valid steps (the padded
-    tail is never read), the states after each row's last valid step (`[]`
-    unless `want_states`)."""
-    if kernel != "torch-packed":
-        # Every kernel but the packed one reads the padded steps.
-        x = zero_padding(x, steps)
+    """Runs `inner` over valid-first `x` (zeros at padded steps, see
+    `valid_first_zeroed`) with the kernel `kernel`; returns `(outputs,
+    states)`: outputs exact at each row's valid steps (the padded tail is
+    never read), the states after each row's last valid step (`[]` unless
+    `want_states`)."""
     if kernel != "keras-masked" and training and inner.cell.dropout:
         # Applied here, so that the state recomputation sees the same
         # dropped x; Keras' layers (the unmasked kernel) must not drop again.
@@ -285,7 +284,7 @@ def run_plan(
             y, states = backend.run_one_call(
                 kernel,
                 inners,
-                valid_first_zeroed(x, steps),
+                valid_first_zeroed(x, steps, [kernel]),
                 steps,
                 initial_states,
                 want_states,
@@ -299,7 +298,7 @@ def run_plan(
             y_d = y[..., end - size : end]
             results.append((y_d if placed else _place(y_d, steps, place, back), st))
     else:
-        x = steps.valid_first(x)
+        x = valid_first_zeroed(x, steps, [d.kernel for d in directions])
         results = []
         for d, state, back in zip(directions, initial_states, backward):
             xd = mops.gather_time(x, steps.reverse) if back else x
