@@ -102,13 +102,15 @@ def _block_bounds(rows, blocks):
     its rows the first `rows[i]`: `(begins, ends)`, `(blocks, 3)` each; the
     rows are `ends[i][2:]`."""
     if isinstance(blocks, int):
-        # Known to the trace: constants.
+        # Known to the trace: the begins one constant.
         index = np.arange(blocks, dtype="int32")
         zeros = np.zeros(blocks, "int32")
+        begins = tf.constant(np.stack([index, zeros, zeros], 1))
     else:
         index = tf.range(blocks)
         zeros = tf.zeros_like(index)
-    return tf.stack([index, zeros, zeros], 1), tf.stack([index + 1, zeros, rows], 1)
+        begins = tf.stack([index, zeros, zeros], 1)
+    return begins, tf.stack([index + 1, zeros, rows], 1)
 
 
 def _row_pads(rows, batch):
@@ -128,16 +130,21 @@ def _blocks_of(x, block):
 
 def _block_slice(blocked, begin, end):
     """Block `begin[0]`'s first `end[2]` rows of `_blocks_of`'s `blocked`:
-    `(block, rows, width)`, one op."""
-    return tf.strided_slice(
+    `(block, rows, width)`, one op. Its static shape keeps the block and
+    width sizes, which bounds read from a tensor would lose: reshapes of
+    it then need no shape op."""
+    out = tf.strided_slice(
         blocked, begin, end, tf.constant([1, 1, 1]), end_mask=2, shrink_axis_mask=1
     )
+    out.set_shape([blocked.shape[1], None, blocked.shape[3]])
+    return out
 
 
 def _first_rows(h, end):
     """The first `end[2]` rows of `h` (`end` from `_block_bounds`): one
     slice of `end` serves as both bounds, the begin masked to 0."""
-    return tf.strided_slice(h, end[2:], end[2:], [1], begin_mask=1)
+    rows = end[2:]
+    return tf.strided_slice(h, rows, rows, [1], begin_mask=1)
 
 
 def _array(dtype, blocks, block, batch, width):
