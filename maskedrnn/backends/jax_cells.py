@@ -32,28 +32,26 @@ def _matmul_t(a, b):
 
 
 def _lstm_gates(z):
-    """The activated gates of an LSTM's pre-activations `z` `(..., 4 *
-    units)`, side by side as `z`: sigmoid, sigmoid, tanh, sigmoid, in one
-    tanh over all four (`sigmoid(x) = tanh(x / 2) / 2 + 1 / 2`), which XLA
-    compiles as one kernel where an activation per gate would be three."""
+    """The activated gates `(i, f, g, o)` of an LSTM's pre-activations `z`
+    `(..., 4 * units)`: sigmoid, sigmoid, tanh, sigmoid, in one tanh over
+    all four (`sigmoid(x) = tanh(x / 2) / 2 + 1 / 2`), which XLA compiles
+    as one kernel where an activation per gate would be three."""
     units = z.shape[-1] // 4
     # 1/2 for a sigmoid gate, 1 for the tanh one: `a * tanh(a * x) + 1 - a`.
     half = np.repeat(np.array([0.5, 0.5, 1.0, 0.5], z.dtype), units)
-    return _tanh(z * half) * half + (1 - half)
+    return jnp.split(_tanh(z * half) * half + (1 - half), 4, axis=-1)
 
 
 def step(kind, params, x_t, states):
     """One step of the cell on `(n, ...)` rows: `(new_states, saved)`, with
-    `saved` what the backward step needs: an LSTM's activated gates (its
-    backward step then recomputes no activation of them), a GRU's input and
-    recurrent pre-activations."""
+    `saved` the pre-activations the backward step needs."""
     kernel, recurrent, bias = params
     if kind[0] == "lstm":
         h, c = states
-        gates = _lstm_gates(_matmul(x_t, kernel) + _matmul(h, recurrent) + bias)
-        i, f, g, o = jnp.split(gates, 4, axis=-1)
+        z = _matmul(x_t, kernel) + _matmul(h, recurrent) + bias
+        i, f, g, o = _lstm_gates(z)
         c = f * c + i * g
-        return (o * _tanh(c), c), gates
+        return (o * _tanh(c), c), z
     if kind[0] == "rnn":
         (h,) = states
         z = _matmul(x_t, kernel) + bias + _matmul(h, recurrent)
@@ -80,7 +78,7 @@ def step(kind, params, x_t, states):
 def saved_shapes(kind, rows, units):
     """The shapes of the arrays `step` saves for `rows` `(directions,
     batch)`, in the structure it returns them: one shape (an LSTM's
-    activated gates), two (a GRU's input and recurrent pre-activations)
+    pre-activations), two (a GRU's input and recurrent pre-activations)
     or none (`()`, a SimpleRNN)."""
     if kind[0] == "lstm":
         return rows + (4 * units,)
@@ -91,14 +89,14 @@ def saved_shapes(kind, rows, units):
 
 def step_back(kind, params, d_states, saved, prev, new):
     """The VJP of one step: `(d_prev_states, d_pre)` from the gradients
-    `d_states` of its new states, what `step` saved and its `prev` and
-    `new` states; `d_pre` is what `step_grads` reads."""
+    `d_states` of its new states, its `saved` pre-activations and its
+    `prev` and `new` states; `d_pre` is what `step_grads` reads."""
     kernel, recurrent, bias = params
     if kind[0] == "lstm":
         dh, dc = d_states
         c_prev = prev[1]
         c = new[1]
-        i, f, g, o = jnp.split(saved, 4, axis=-1)
+        i, f, g, o = _lstm_gates(saved)
         tc = _tanh(c)
         dc = dc + dh * o * (1 - tc * tc)
         parts = [
