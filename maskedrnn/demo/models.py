@@ -41,20 +41,26 @@ def model_labels(layer):
     return RNN_MODEL_LABELS if layer == "rnn" else MODEL_LABELS
 
 
-def build_model(task, kind, data, units, layer="bidirectional"):
-    """One of the three models; `kind` is one of `model_names(layer)`."""
+def _inputs(task, data, masked):
+    """A model's inputs and what reads them before the RNN: the frames
+    (vowels) or the tokens' embedding (distance), with a mask of the padded
+    steps where `masked`."""
     if task == "vowels":
         inputs = keras.Input((None, data["n_features"]), name="frames")
-        x = inputs
-        if kind != "naive":
-            x = keras.layers.Masking(mask_value=0.0)(x)
-        return_sequences = False
+        x = keras.layers.Masking(mask_value=0.0)(inputs) if masked else inputs
     else:
         inputs = keras.Input((None,), dtype="int32", name="tokens")
-        x = keras.layers.Embedding(
-            DISTANCE_VOCAB, DISTANCE_EMBED, mask_zero=kind != "naive"
-        )(inputs)
-        return_sequences = True
+        x = keras.layers.Embedding(DISTANCE_VOCAB, DISTANCE_EMBED, mask_zero=masked)(
+            inputs
+        )
+    return inputs, x
+
+
+def build_model(task, kind, data, units, layer="bidirectional"):
+    """One of the three models; `kind` is one of `model_names(layer)`."""
+    inputs, x = _inputs(task, data, masked=kind != "naive")
+    # Vowels: one label per sequence; distance: one per token.
+    return_sequences = task != "vowels"
     lstm = keras.layers.LSTM(units, return_sequences=return_sequences, use_cudnn="auto")
     if layer == "rnn":
         # MaskedRNN has the LSTM's weights in the same order, so `set_weights`
@@ -105,15 +111,9 @@ def warm_up(task, data, units, layer, learning_rate, batch_size):
     the demo sets the seed again before each compared fit.
     """
     width = units if layer == "rnn" else 2 * units
+    inputs, x = _inputs(task, data, masked=True)
     if task == "vowels":
-        inputs = keras.Input((None, data["n_features"]), name="frames")
-        x = keras.layers.Masking(mask_value=0.0)(inputs)
         x = keras.layers.GlobalAveragePooling1D()(x)
-    else:
-        inputs = keras.Input((None,), dtype="int32", name="tokens")
-        x = keras.layers.Embedding(DISTANCE_VOCAB, DISTANCE_EMBED, mask_zero=True)(
-            inputs
-        )
     x = keras.layers.Dense(width, activation="tanh")(x)
     outputs = keras.layers.Dense(data["n_classes"], name="logits")(x)
     model = keras.Model(inputs, outputs, name="warm_up")
