@@ -341,12 +341,13 @@ def tf_outputs_and_grads(layer, x, initial_state=None, **call_kwargs):
     return to_np(outs), [to_np(g) for g in grads]
 
 
-def assert_tf_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, **kw):
-    """Asserts `ours` and its oracle `ref` agree on `x` (both called with
-    `kw`): outputs of the same dtype, and finite gradients of the same
-    weighted loss (`tf_outputs_and_grads`). TensorFlow only."""
+def assert_tf_matches(ours, ref, x, atol=1e-5, grad_rtol=1e-4, ref_x=None, **kw):
+    """Asserts `ours` on `x` and its oracle `ref` on `ref_x` (None: `x`),
+    both called with `kw`, agree: outputs of the same dtype, and finite
+    gradients of the same weighted loss (`tf_outputs_and_grads`).
+    TensorFlow only."""
     got, got_grads = tf_outputs_and_grads(ours, x, **kw)
-    want, want_grads = tf_outputs_and_grads(ref, x, **kw)
+    want, want_grads = tf_outputs_and_grads(ref, x if ref_x is None else ref_x, **kw)
     assert len(got) == len(want) and len(got_grads) == len(want_grads)
     for i, (a, e) in enumerate(zip(got, want)):
         assert a.dtype == e.dtype, f"output {i}"
