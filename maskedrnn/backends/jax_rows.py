@@ -69,7 +69,7 @@ def move_rows(flat, index, back, valid):
         back: Int `(rows, k)`: for each row of `flat`, the `k` output rows
             (flat indices into `S`) that read it.
         valid: Bool `(rows,)`: False for a row of `flat` whose gradient is
-            zero.
+            zero; None: every row is valid.
 
     Returns:
         `flat[index]`, shape `S + flat.shape[1:]`. Its gradient is exact
@@ -104,8 +104,9 @@ def _move_rows_bwd(residuals, d_out):
     d_flat = reads[0]
     for other in reads[1:]:
         d_flat = d_flat + other
-    keep = lax.broadcast_in_dim(valid, d_flat.shape, (0,))
-    d_flat = lax.select(keep, d_flat, lax.full_like(d_flat, 0))
+    if valid is not None:
+        keep = lax.broadcast_in_dim(valid, d_flat.shape, (0,))
+        d_flat = lax.select(keep, d_flat, lax.full_like(d_flat, 0))
     return d_flat, None, None, None
 
 
@@ -146,8 +147,7 @@ class SortedRows:
         caller's rows: `value[order]` (`move_rows`, its gradient a gather
         through `inverse`)."""
         back = lax.expand_dims(self.inverse, (1,))
-        valid = lax.full(self.inverse.shape, True)
-        return move_rows(value, self.order, back, valid)
+        return move_rows(value, self.order, back, None)
 
     def unsort(self, value):
         """The caller's rows of `value`, a `(batch + pad, ...)` array in
